@@ -1,0 +1,1 @@
+"""Platform-neutral core: scheduler, KV-cache manager, sampler, engine, models."""

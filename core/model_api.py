@@ -1,0 +1,120 @@
+"""The contract between the engine (scheduler, KV-cache manager, runner) and a model.
+
+One `ForwardBatch` flows from the runner into `Model.forward` each step. A model declares its
+cache needs as `CacheGroupSpec`s; the KV-cache manager keeps one paged block pool per group and one
+block table per (group, sequence). Every group's logical block i covers the same token span
+[i * P, (i + 1) * P), P = `tokens_per_block`, so one chain of token-block hashes serves prefix
+caching for all groups: a group with `ratio` r holds P / r entries per block.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class CacheGroupSpec(BaseModel):
+    """One layer-type group of cache state.
+
+    kind "full": an entry per token (ratio 1), all kept. "sliding": an entry per token, only the
+    last `window` tokens are needed (older blocks are freed). "compressed": an entry per `ratio`
+    tokens, all kept; entry e summarises tokens [e * ratio, (e + 1) * ratio) and exists once the
+    last of them is computed.
+    Each layer in `layers` owns one tensor [num_blocks, P // ratio, *entry_shape] of `dtype`;
+    all share the group's block ids.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    kind: Literal["full", "sliding", "compressed"]
+    layers: tuple[int, ...]
+    entry_shape: tuple[int, ...]
+    dtype: str = "float32"
+    ratio: int = 1
+    window: int = 0
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.kind != "compressed" and self.ratio != 1:
+            raise ValueError(f"cache group {self.name}: only compressed groups have ratio > 1")
+        if self.kind == "sliding" and self.window <= 0:
+            raise ValueError(f"cache group {self.name}: a sliding group needs window > 0")
+        if not self.layers:
+            raise ValueError(f"cache group {self.name}: no layers")
+        return self
+
+    def entries_per_block(self, tokens_per_block: int) -> int:
+        if tokens_per_block % self.ratio:
+            raise ValueError(
+                f"tokens_per_block {tokens_per_block} is not a multiple of group {self.name}'s "
+                f"ratio {self.ratio}")
+        return tokens_per_block // self.ratio
+
+    def bytes_per_block(self, tokens_per_block: int) -> int:
+        n = self.entries_per_block(tokens_per_block)
+        for s in self.entry_shape:
+            n *= s
+        return n * torch.empty((), dtype=getattr(torch, self.dtype)).element_size() * len(self.layers)
+
+
+@dataclass
+class ForwardBatch:
+    """One step's inputs. T = scheduled tokens, B = sequences, in scheduling order.
+
+    Sequence b's new tokens are rows [query_start_loc[b], query_start_loc[b + 1]) and have
+    positions context_lens[b] .. seq_lens[b] - 1 (context = tokens already in the cache).
+    block_tables[group] int32 [B, max_blocks]: physical block of each logical block, -1 where a
+    sliding group freed it or none is allocated. slot_mapping[group] int64 [T]: where each new
+    token's entry goes (full and sliding groups only; -1 = do not write). Compressed groups compute
+    entry slots from block_tables (entry e -> block_tables[b, e // (P // ratio)]).
+    logits_indices int64 [N]: rows of the T tokens whose next-token logits are wanted.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    context_lens: torch.Tensor
+    block_tables: dict[str, torch.Tensor]
+    slot_mapping: dict[str, torch.Tensor]
+    logits_indices: torch.Tensor
+    tokens_per_block: int
+    # host copies of the small index tensors, so models need no device->host sync
+    query_start_loc_cpu: list[int] = field(default_factory=list)
+    seq_lens_cpu: list[int] = field(default_factory=list)
+    context_lens_cpu: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+class Tokenizer(Protocol):
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class Model(Protocol):
+    """What the engine needs of a model. `forward` returns float32 logits [N, vocab]."""
+
+    vocab_size: int
+    max_model_len: int
+    tokenizer: Tokenizer
+
+    def cache_groups(self) -> list[CacheGroupSpec]: ...
+
+    def bind_caches(self, caches: dict[str, list[torch.Tensor]], tokens_per_block: int) -> None: ...
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor: ...
+
+    def apply_chat_template(self, prompt: str) -> str: ...

@@ -1,0 +1,49 @@
+"""Model registry: a name, a checkpoint directory or a GGUF file -> a `Model` on a platform."""
+from __future__ import annotations
+
+import json
+import os
+
+from shuili.hal import DispatchTable
+
+DEFAULT_MODEL = "smollm2-135m"
+V4_NAMES = ("tiny-v4", "mid-v4")
+GGUF_NAMES = ("smollm2-135m",)
+
+
+def known_models() -> list[str]:
+    return [*GGUF_NAMES, *V4_NAMES]
+
+
+def load_model(name_or_path: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32",
+               seed: int = 0):
+    """Build or load a model. Errors name the problem and the fix."""
+    if name_or_path in V4_NAMES:
+        from shuili.core.models import deepseek_v4
+
+        return deepseek_v4.build(name_or_path, ops, device=device, dtype=dtype, seed=seed)
+    if name_or_path in GGUF_NAMES:
+        from shuili.core.models import llama
+
+        return llama.load_gguf(llama.resolve_named(name_or_path), ops, device=device, dtype=dtype)
+    if name_or_path.endswith(".gguf"):
+        if not os.path.isfile(name_or_path):
+            raise FileNotFoundError(f"GGUF file {name_or_path!r} does not exist")
+        from shuili.core.models import llama
+
+        return llama.load_gguf(name_or_path, ops, device=device, dtype=dtype)
+    if os.path.isdir(name_or_path):
+        cfg_path = os.path.join(name_or_path, "config.json")
+        if not os.path.isfile(cfg_path):
+            raise FileNotFoundError(f"{name_or_path!r} has no config.json; point --model at a "
+                                    "checkpoint directory, a .gguf file or one of " + ", ".join(known_models()))
+        with open(cfg_path) as f:
+            model_type = json.load(f).get("model_type")
+        if model_type == "deepseek_v4":
+            from shuili.core.models import deepseek_v4
+
+            return deepseek_v4.load_checkpoint(name_or_path, ops, device=device, dtype=dtype)
+        raise ValueError(f"{cfg_path}: model_type {model_type!r} is not supported; shuili serves "
+                         "deepseek_v4 checkpoints and Llama-family GGUF files")
+    raise ValueError(f"unknown model {name_or_path!r}: use one of {', '.join(known_models())}, "
+                     "a checkpoint directory with config.json, or a .gguf file")

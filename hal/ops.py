@@ -1,0 +1,402 @@
+"""The op contract: every op the core and the models call, with shapes, dtypes and semantics.
+
+Each function below is a specification, not an implementation: its signature is the call
+signature every platform must accept, and its docstring the semantics the conformance suite checks
+against the reference platform. Notation: T tokens of a flattened (varlen) batch, B sequences,
+H query heads, D a head or hidden width, V vocabulary, E experts, k experts per token.
+"compute dtype" is the platform's activation dtype (float32 on the reference platform).
+
+Resolving a platform yields a `DispatchTable`: an immutable object whose attributes are these ops
+bound to the platform's plain callables, so a call costs one attribute load and one Python call.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from shuili.hal.types import Weight
+
+OP_SPECS: dict[str, "OpSpec"] = {}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    category: str
+    signature: inspect.Signature
+    doc: str
+    since: str  # HAL version that introduced the op
+
+    @property
+    def params(self) -> list[str]:
+        return list(self.signature.parameters)
+
+
+def _op(category: str, since: str = "1.0"):
+    def register(fn: Callable) -> Callable:
+        OP_SPECS[fn.__name__] = OpSpec(
+            fn.__name__, category, inspect.signature(fn), inspect.getdoc(fn) or "", since
+        )
+        return fn
+
+    return register
+
+
+# --------------------------------------------------------------------------------------------- GEMM
+@_op("gemm")
+def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias). x [T, K] compute dtype; W logical [N, K]; returns [T, N] compute dtype.
+
+    W.format: "dense" (data in compute dtype), "fp8_block128" (e4m3 data, one power-of-two float32
+    scale per 128x128 block: W[n,k] = data[n,k] * scale[n//128, k//128]) or "mxfp4" (e2m1 nibbles,
+    low nibble first, e8m0 scale per 32 along K). Activations are not quantized. Accumulation at
+    least float32. Reference: dequantize W to float32, then a float32 matmul.
+    """
+
+
+@_op("gemm")
+def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor) -> torch.Tensor:
+    """Grouped GEMM. x [M, K] rows sorted by group; W logical [E, N, K]; group_sizes int64 [E] sums
+    to M. Rows [off_e, off_e + group_sizes[e]) use W[e]. Returns [M, N]. Formats as `linear`.
+    """
+
+
+@_op("moe")
+def moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: Weight,
+    w2: Weight,
+    swiglu_limit: float | None = None,
+) -> torch.Tensor:
+    """Routed experts with SwiGLU. x [T, D]; topk_ids int64 [T, k]; topk_weights float32 [T, k];
+    w13 logical [E, 2I, D] (rows [0, I) gate, [I, 2I) up); w2 logical [E, D, I].
+    For each (t, j): e = topk_ids[t, j];  g = x_t @ w13[e, :I]^T;  u = x_t @ w13[e, I:]^T;
+    with a limit: g = min(g, limit), u = clamp(u, -limit, limit);  a = silu(g) * u  (float32);
+    y_t = sum_j topk_weights[t, j] * (a @ w2[e]^T), summed over j in increasing j order.
+    Returns [T, D] compute dtype. Ids outside [0, E) are an error.
+    """
+
+
+# ---------------------------------------------------------------------------------- elementwise etc
+@_op("norm")
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """y = x * rsqrt(mean(x^2, -1) + eps) * weight, over the last dim, in float32, cast back to
+    x's dtype. weight None means no weight (unweighted RMSNorm, used for the V4 per-head q norm).
+    x [..., D]; weight [D].
+    """
+
+
+@_op("norm")
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused residual add + RMSNorm: s = x + residual; returns (rms_norm(s, weight, eps), s).
+    x, residual [T, D]. The sum is formed in x's dtype before the norm.
+    """
+
+
+@_op("rope")
+def rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rope_dim: int,
+    interleaved: bool = True,
+    inverse: bool = False,
+) -> torch.Tensor:
+    """Rotary embedding on the LAST `rope_dim` channels of x [T, H, D] (D >= rope_dim); the first
+    D - rope_dim channels pass through. positions int64 [T]; cos, sin float32 [max_pos, rope_dim/2]
+    (precomputed tables; YaRN is folded into them by the model).
+    interleaved=True pairs channels (2i, 2i+1) (GPT-J / DeepSeek); False pairs (i, i + rope_dim/2)
+    (GPT-NeoX / Llama). Pair (a, b) with angle c + i s becomes (a c - b s, a s + b c); inverse=True
+    rotates by the negative angle. Math in float32; returns x's dtype and shape (a new tensor).
+    """
+
+
+@_op("activation")
+def swiglu(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """gate_up [T, 2I] = concat(gate, up); returns silu(gate') * up' [T, I] where, with a limit,
+    gate' = min(gate, limit) and up' = clamp(up, -limit, limit). Math in float32.
+    """
+
+
+@_op("embedding")
+def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rows of table [V, D] at ids int64 [T]; returns [T, D]. Ids outside [0, V) are an error."""
+
+
+@_op("mhc")
+def hc_split_sinkhorn(
+    mix: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    hc_mult: int,
+    iters: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4 mHC coefficients. mix float32 [T, m(m+2)] (m = hc_mult); scale [3]; base [m(m+2)].
+    pre  = sigmoid(mix[:, :m] * scale[0] + base[:m]) + eps                      -> [T, m]
+    post = 2 * sigmoid(mix[:, m:2m] * scale[1] + base[m:2m])                    -> [T, m]
+    C    = softmax(mix[:, 2m:].view(m, m) * scale[2] + base[2m:].view(m, m), -1) + eps
+    C    = C / (C.sum(-2) + eps); then (iters - 1) times: row-normalise, column-normalise
+    (each: C / (C.sum(dim) + eps))                                              -> [T, m, m]
+    Returns (pre, post, comb), all float32.
+    """
+
+
+# ------------------------------------------------------------------------------------------ routing
+@_op("moe")
+def moe_route_topk(
+    logits: torch.Tensor,
+    bias: torch.Tensor | None,
+    topk: int,
+    scoring: str,
+    renormalize: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert selection. logits float32 [T, E]; bias float32 [E] or None.
+    scoring "sqrtsoftplus": s = sqrt(softplus(logits)); "softmax": s = softmax(logits, -1);
+    "sigmoid": s = sigmoid(logits). ids = the topk of (s + bias) (bias changes selection only), ties
+    to the lower expert id, ordered by descending biased score; w = s[ids], divided by its sum
+    (+1e-20) when renormalize, times scaling. Returns (weights float32 [T, k], ids int64 [T, k]).
+    """
+
+
+@_op("moe")
+def moe_route_hash(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    tid2eid: torch.Tensor,
+    scoring: str,
+    renormalize: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hash routing (DeepSeek-V4 layers < num_hash_layers): ids = tid2eid[token_ids] (int64 [T, k]),
+    weights = score(logits)[ids], renormalised and scaled as in `moe_route_topk`.
+    logits float32 [T, E]; token_ids int64 [T]; tid2eid int64 [V, k].
+    """
+
+
+# ---------------------------------------------------------------------------------------- KV cache
+@_op("kv")
+def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Pack rows x float32 [N, D] into a KV storage format; returns uint8 [N, bytes_per_row(fmt, D)].
+
+    "mxfp8":    D e4m3 bytes, then D/32 e8m0 scale bytes (V4.1 window KV; 528 B for D = 512).
+    "fp4_e4m3": D/2 bytes of e2m1 pairs (even element in the low nibble), then D/16 e4m3 scales
+                (V4.1 compressed KV; 288 B for D = 512).
+    "mxfp4":    D/2 bytes of e2m1 pairs, then D/32 e8m0 scales (indexer keys; 68 B for D = 128).
+    Scales (ue8m0 formats): 2^ceil(log2(max(amax, floor) / elem_max)), exponent taken exactly from
+    the float32 bits; elem_max 448 (e4m3) or 6 (e2m1); floor 1e-4 (mxfp8) or 6*2^-126 (mxfp4).
+    fp4_e4m3 scale: e4m3(clamp(amax / 6, 2^-9, 448)) with RNE. Elements: clamp(x / scale, +-max),
+    then round to nearest, ties to even.
+    """
+
+
+@_op("kv")
+def kv_dequantize(packed: torch.Tensor, fmt: str, dim: int) -> torch.Tensor:
+    """Inverse of `kv_quantize`: uint8 [N, bytes_per_row(fmt, dim)] -> float32 [N, dim], exact."""
+
+
+@_op("kv")
+def cache_write(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
+    """In place: cache.view(-1, *values.shape[1:])[slot_mapping[i]] = values[i] for slot >= 0.
+    cache [num_blocks, block_size, ...] (any dtype, incl. packed uint8 rows); slot_mapping int64
+    [N] (slot = block * block_size + offset; negative = skip); values [N, ...] of cache's dtype.
+    """
+
+
+# --------------------------------------------------------------------------------------- attention
+@_op("attention")
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention over a paged KV cache, for prefill chunks and decode alike.
+
+    q [T, H, D]; k_cache, v_cache [num_blocks, block_size, KVH, D] (H % KVH == 0; query head h reads
+    kv head h // (H / KVH)); block_tables int32 [B, max_blocks] (logical block -> physical block;
+    entries past a sequence's blocks are ignored); seq_lens int32 [B]: tokens in the cache for each
+    sequence INCLUDING this step's tokens (which the caller wrote with `cache_write` first);
+    query_start_loc int32 [B + 1]: sequence b's queries are q[qsl[b]:qsl[b+1]] and are its LAST
+    q_len tokens, so query i has position p = seq_lens[b] - q_len + i.
+    Query at position p sees kv positions j <= p, and j > p - window when window > 0.
+    sinks float32 [H] or None: one extra logit per head in the softmax denominator, with no value.
+    Softmax in float32; returns [T, H, D] in q's dtype.
+    """
+
+
+@_op("attention")
+def sparse_attention(
+    q: torch.Tensor,
+    kv: Sequence[torch.Tensor],
+    indices: Sequence[torch.Tensor],
+    scale: float,
+    sinks: torch.Tensor | None = None,
+    kv_formats: Sequence[str] | None = None,
+) -> torch.Tensor:
+    """Attention over explicitly selected entries, with K = V (DeepSeek-V4's shared latent).
+
+    q [T, H, D]. kv: one or more caches, each viewable as rows [num_slots, row] (a paged pool
+    [num_blocks, block_size, row]); indices: one int32 [T, L_i] per cache, slot ids into it, -1 for
+    none. Query t attends to the union of its valid entries of all caches in ONE softmax (entries
+    are not de-duplicated), plus sinks[h] in the denominator when given. kv_formats[i] is "none"
+    (rows are float [D] in the compute dtype) or a `kv_quantize` format (rows are packed uint8,
+    dequantized on read). A query with no valid entry and no sink returns zeros.
+    Logits q·k * scale and softmax in float32; returns [T, H, D] in q's dtype.
+    """
+
+
+@_op("indexer")
+def indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    ratio: int,
+    topk: int,
+    k_format: str = "none",
+) -> torch.Tensor:
+    """DeepSeek-V4 Lightning Indexer: scores and top-k over a sequence's compressed keys.
+
+    q [T, H, Dk]; weights float32 [T, H]; k_cache [num_blocks, block_size, row]: entry e of
+    sequence b lives at slot block_tables[b, e // block_size] * block_size + e % block_size
+    (rows float [Dk], or packed per k_format); query_start_loc int32 [B + 1]; positions int64 [T].
+    score[t, e] = sum_h weights[t, h] * relu(q[t, h] . k[e]) in float32, for the visible entries
+    e < (positions[t] + 1) // ratio. Returns int32 [T, topk]: entry ids (within the sequence) of
+    the topk highest scores, descending, ties to the lower entry id, padded with -1 when fewer are
+    visible.
+    """
+
+
+# ---------------------------------------------------------------------------------------- sampling
+@_op("sampling")
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] any float dtype -> float32 log-probabilities [B, V] (max-subtracted,
+    float32 exp/sum, fixed reduction order per row).
+    """
+
+
+@_op("sampling")
+def apply_penalties(
+    logits: torch.Tensor,
+    token_counts: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    repetition: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+) -> torch.Tensor:
+    """logits float32 [B, V]; token_counts int32 [B, V] (occurrences in the generated output);
+    prompt_mask bool [B, V] (token occurs in the prompt); repetition, presence, frequency float32 [B].
+    Repetition (HF/vLLM rule) for tokens seen in prompt or output: l > 0 -> l / r, else l * r;
+    then l -= frequency * count + presence * (count > 0). Returns a new float32 [B, V].
+    """
+
+
+@_op("sampling")
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Seeded, batch-invariant sampling. logits float32 [B, V] (penalties applied); temperature
+    float32 [B] (0 = greedy); top_k int32 [B] (0 = off); top_p, min_p float32 [B] (1.0 / 0.0 = off);
+    seeds int64 [B]; positions int64 [B] (absolute position of the token being sampled).
+    Greedy: argmax, ties to the lowest token id. Otherwise: lp = log_softmax(logits / T); mask
+    tokens outside top-k (rank by (lp desc, id asc)), outside the smallest top-p nucleus (cumulative
+    float64 sum in that rank order; the token that crosses top_p is kept), and below min_p * p_max;
+    token = argmax(lp + gumbel) over the kept tokens, ties to the lowest id, where
+    gumbel = -log(-log(u)) in float64 and u = `shuili.core.noise.uniform(seed, position, id)`,
+    a counter-based hash strictly inside (0, 1). Returns int64 [B].
+    """
+
+
+# ------------------------------------------------------------------------------------- collectives
+@_op("collective")
+def all_reduce(x: torch.Tensor, group: object | None = None) -> torch.Tensor:
+    """Sum of x over the ranks of group (None = the world). With one rank: x itself. Deterministic
+    platforms sum in a fixed rank order.
+    """
+
+
+@_op("collective")
+def all_gather(x: torch.Tensor, group: object | None = None, dim: int = 0) -> torch.Tensor:
+    """Concatenation of x from every rank of group along dim, in rank order. One rank: x."""
+
+
+OP_NAMES: tuple[str, ...] = tuple(OP_SPECS)
+
+
+class DispatchTable:
+    """Immutable op table: `table.rms_norm(x, w, eps)` calls the platform's plain callable.
+
+    Built once by `resolve_platform`; `sources[name]` records which platform provides each op
+    (its own name, or "reference" for a declared fallback).
+    """
+
+    __slots__ = OP_NAMES + ("platform", "sources", "_frozen")
+
+    def __init__(self, platform: str, impls: dict[str, Callable], sources: dict[str, str]):
+        unknown = set(impls) - set(OP_NAMES)
+        if unknown:
+            raise ValueError(f"unknown ops {sorted(unknown)}; the contract has {list(OP_NAMES)}")
+        missing = [n for n in OP_NAMES if n not in impls]
+        if missing:
+            raise ValueError(f"dispatch table for {platform!r} lacks ops {missing}")
+        for name in OP_NAMES:
+            object.__setattr__(self, name, impls[name])
+        object.__setattr__(self, "platform", platform)
+        object.__setattr__(self, "sources", dict(sources))
+        object.__setattr__(self, "_frozen", True)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("DispatchTable is frozen; resolve a new platform instead")
+
+    def __delattr__(self, name):
+        raise AttributeError("DispatchTable is frozen")
+
+    def get(self, name: str) -> Callable:
+        return getattr(self, name)
+
+    def as_dict(self) -> dict[str, Callable]:
+        return {n: getattr(self, n) for n in OP_NAMES}
+
+    def __repr__(self) -> str:
+        fallbacks = sorted(n for n, s in self.sources.items() if s != self.platform)
+        return f"DispatchTable(platform={self.platform!r}, fallbacks={fallbacks})"
+
+
+def check_signature(name: str, fn: Callable) -> str | None:
+    """None when fn accepts the contract's parameters by name, else the problem in words."""
+    spec = OP_SPECS[name]
+    try:
+        got = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None  # builtins and C extensions: cannot inspect, trust the conformance suite
+    params = got.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    wanted = spec.params
+    names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if names[: len(wanted)] != wanted:
+        return f"op {name!r} takes ({', '.join(wanted)}) but the implementation takes ({', '.join(names)})"
+    return None

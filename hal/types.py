@@ -1,0 +1,74 @@
+"""Public data types crossing the HAL boundary."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+WeightFormat = Literal["dense", "fp8_block128", "mxfp4"]
+
+
+class PlatformInfo(BaseModel):
+    """What a plugin registers: returned by the `shuili_platform_info` hook."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    vendor: str
+    priority: int = 0  # `platform: auto` picks the highest-priority available platform
+    hal_api_version: str
+    description: str = ""
+    plugin_version: str = "0"
+
+
+class Availability(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    available: bool
+    reason: str = ""  # human readable; required when unavailable
+    details: dict[str, Any] = {}
+
+    @classmethod
+    def yes(cls, reason: str = "", **details: Any) -> "Availability":
+        return cls(available=True, reason=reason, details=details)
+
+    @classmethod
+    def no(cls, reason: str, **details: Any) -> "Availability":
+        return cls(available=False, reason=reason, details=details)
+
+
+@dataclass(frozen=True, eq=False)
+class Weight:
+    """A linear layer's weight in one of the checkpoint formats.
+
+    dense        data [N, K] (or [E, N, K]) in the compute dtype; scale None
+    fp8_block128 data float8_e4m3fn [N, K]; scale float32 [ceil(N/128), ceil(K/128)]
+                 (decoded from the checkpoint's e8m0 bytes, so every scale is a power of two)
+    mxfp4        data uint8 [N, K/2], element 2i in the low nibble (e2m1 codes); scale uint8 e8m0
+                 [N, K/32], value 2**(byte-127)
+    Grouped (MoE) weights put the expert dimension first: data [E, N, ...], scale [E, ...].
+    `shape` is the logical (dequantized) shape.
+    """
+
+    format: WeightFormat
+    data: torch.Tensor
+    scale: torch.Tensor | None = None
+    shape: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.shape:
+            object.__setattr__(self, "shape", tuple(self.data.shape))
+        if self.format != "dense" and self.scale is None:
+            raise ValueError(f"weight format {self.format} needs a scale tensor")
+
+    @property
+    def out_features(self) -> int:
+        return self.shape[-2]
+
+    @property
+    def in_features(self) -> int:
+        return self.shape[-1]
+
+    @classmethod
+    def dense(cls, t: torch.Tensor) -> "Weight":
+        return cls("dense", t, None, tuple(t.shape))

@@ -1,0 +1,9 @@
+"""The HAL API version a platform plugin declares in `PlatformInfo.hal_api_version`.
+
+Major: a plugin built for another major is refused (ops were renamed or changed meaning).
+Minor: ops were added; a plugin for an older minor resolves, missing the new ops (which then need
+a declared fallback).
+"""
+HAL_API_VERSION = "1.0"
+HAL_API_MAJOR = int(HAL_API_VERSION.split(".")[0])
+HAL_API_MINOR = int(HAL_API_VERSION.split(".")[1])

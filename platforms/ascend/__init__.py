@@ -1,0 +1,1 @@
+"""Ascend 950 platform through torch_npu. Never imports torch_npu at module import."""

@@ -1,0 +1,5 @@
+import sys
+
+from shuili.cli import main
+
+sys.exit(main())
