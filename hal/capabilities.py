@@ -70,6 +70,9 @@ class PlatformCapabilities(BaseModel):
     graph_capture: bool = False
     collectives_backend: str | None = None
     device_type: str = "cpu"
+    # ops the platform knowingly leaves to the reference implementation; resolution takes them from
+    # the reference only when the config allows it, and logs it. Any other missing op is an error.
+    fallback_ops: tuple[str, ...] = ()
 
     def op(self, name: str) -> OpCapability:
         if name not in self.ops:
@@ -90,4 +93,5 @@ class PlatformCapabilities(BaseModel):
             "graph_capture": self.graph_capture,
             "collectives": self.collectives_backend,
             "device_type": self.device_type,
+            "fallback_ops": list(self.fallback_ops),
         }

@@ -11,9 +11,9 @@ class PlatformConfig(BaseModel):
         "auto", description="auto | reference | nvidia | ascend | <plugin name>"
     )
     allow_reference_fallback: bool = Field(
-        False,
-        description="ops the platform lacks run on the reference implementation (logged); "
-        "when False a missing op fails at resolve time",
+        True,
+        description="ops a platform declares as `fallback_ops` run on the reference implementation "
+        "(logged); False demands every op natively. An undeclared missing op always fails.",
     )
     batch_invariant: bool = Field(
         False, description="ask for batch-invariant kernels (fixed splits, no split-K)"

@@ -203,6 +203,10 @@ def _explain(entries: list[PlatformEntry], broken: dict[str, str]) -> str:
 
 def _choose(config: PlatformConfig, disc: Discovery) -> tuple[PlatformEntry, str]:
     entries = disc.entries
+    clashes = sorted({e.problem for e in entries if "claimed by plugins" in e.problem})
+    if clashes and (config.platform == "auto" or any(e.name == config.platform for e in entries
+                                                      if e.problem in clashes)):
+        raise DuplicatePlatformError("; ".join(clashes))
     if config.platform == "auto":
         usable = [e for e in entries if e.usable]
         if not usable:
@@ -266,21 +270,31 @@ def resolve_platform(
     missing = [n for n in OP_NAMES if n not in ops]
     sources = {n: entry.name for n in ops}
     cap_ops = dict(caps.ops)
+    undeclared_missing = [n for n in missing if n not in caps.fallback_ops]
+    if undeclared_missing or (missing and entry.name == REFERENCE):
+        raise MissingOpError(
+            f"platform {entry.name!r} does not implement ops {undeclared_missing or missing} and does "
+            "not declare them as reference fallbacks (capabilities.fallback_ops). Use a platform "
+            "that has them, or ask the platform's vendor for a release that implements them.")
+    if missing and not config.allow_reference_fallback:
+        raise MissingOpError(
+            f"platform {entry.name!r} leaves ops {missing} to the reference implementation, and the "
+            "config forbids fallbacks (allow_reference_fallback: false). Allow them, or use a "
+            "platform that implements every op.")
     if missing:
-        if not config.allow_reference_fallback or entry.name == REFERENCE:
-            raise MissingOpError(
-                f"platform {entry.name!r} does not implement ops {missing}. Set "
-                "`allow_reference_fallback: true` to run them on the reference implementation "
-                "(slow, logged), or use a platform that has them.")
         ref_ops, ref_caps = _reference_ops(pm, config)
         for name in missing:
             ops[name] = ref_ops[name]
             sources[name] = REFERENCE
             ref_cap = ref_caps.ops.get(name, OpCapability())
+            # the same code on the same CPU is the reference; on another device only its
+            # row-wise structure (batch invariance) carries over, not the bits
+            level = ref_cap.determinism if caps.device_type == "cpu" else min(
+                ref_cap.determinism, DeterminismLevel.batch_invariant)
             cap_ops[name] = ref_cap.model_copy(update={
-                "determinism": min(ref_cap.determinism, DeterminismLevel.batch_invariant),
-                "notes": f"reference fallback on {entry.name}"})
-        log.warning("platform %s: ops %s fall back to the reference implementation", entry.name, missing)
+                "determinism": level, "notes": f"reference fallback on {entry.name}"})
+        log.warning("platform %s: ops %s run on the reference implementation (declared fallbacks)",
+                    entry.name, missing)
     undeclared = [n for n in OP_NAMES if n not in cap_ops]
     if undeclared:
         raise HALError(f"platform {entry.name!r} declares no capability for ops {undeclared}")

@@ -1,0 +1,1 @@
+"""Example out-of-tree shuili platform (see docs/adding-a-backend.md)."""
