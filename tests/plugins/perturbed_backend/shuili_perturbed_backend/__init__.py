@@ -1,0 +1,1 @@
+"""Negative-control shuili platform `perturbed`: the conformance suite must reject it."""
