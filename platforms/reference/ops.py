@@ -1,0 +1,53 @@
+"""The reference op table: every op of `shuili.hal.ops` mapped to its implementation here, and
+the weight / KV formats each op accepts (all quantized formats are emulated on the CPU).
+"""
+from __future__ import annotations
+
+from shuili.hal.capabilities import DtypeSupport
+from shuili.platforms.reference import (
+    attention, collectives, elementwise, gemm, indexer, kvcache, mhc, moe, norm, rope,
+)
+
+OPS: dict[str, object] = {
+    "linear": gemm.linear,
+    "grouped_linear": gemm.grouped_linear,
+    "moe_experts": gemm.moe_experts,
+    "rms_norm": norm.rms_norm,
+    "add_rms_norm": norm.add_rms_norm,
+    "rope": rope.rope,
+    "swiglu": elementwise.swiglu,
+    "embedding": elementwise.embedding,
+    "hc_split_sinkhorn": mhc.hc_split_sinkhorn,
+    "moe_route_topk": moe.moe_route_topk,
+    "moe_route_hash": moe.moe_route_hash,
+    "kv_quantize": kvcache.kv_quantize,
+    "kv_dequantize": kvcache.kv_dequantize,
+    "cache_write": kvcache.cache_write,
+    "paged_attention": attention.paged_attention,
+    "sparse_attention": attention.sparse_attention,
+    "indexer_topk": indexer.indexer_topk,
+    "all_reduce": collectives.all_reduce,
+    "all_gather": collectives.all_gather,
+}
+
+try:  # written by the core helper; until it lands the table lacks the sampling ops
+    from shuili.platforms.reference.sampling import SAMPLING_OPS
+except ImportError:
+    SAMPLING_OPS = {}
+OPS.update(SAMPLING_OPS)
+
+_DENSE = DtypeSupport(name="dense", support="native")
+_WEIGHTS = (_DENSE, DtypeSupport(name="fp8_block128", support="emulated"),
+            DtypeSupport(name="mxfp4", support="emulated"))
+_KV = tuple(DtypeSupport(name=f, support="emulated") for f in ("mxfp8", "fp4_e4m3", "mxfp4"))
+_KV_READ = (DtypeSupport(name="none", support="native"),) + _KV
+
+FORMATS: dict[str, tuple[DtypeSupport, ...]] = {
+    "linear": _WEIGHTS,
+    "grouped_linear": _WEIGHTS,
+    "moe_experts": _WEIGHTS,
+    "kv_quantize": _KV,
+    "kv_dequantize": _KV,
+    "sparse_attention": _KV_READ,
+    "indexer_topk": _KV_READ,
+}
