@@ -1,0 +1,504 @@
+"""Op input generators: one per op of the HAL contract, fuzzed shapes and values from a seed.
+
+A `Case` is one call of one op: float32 CPU inputs (the reference's view of them), the names of
+the arguments that take the platform's compute dtype, and how to cut the batch into independent
+units (rows, tokens or sequences) for the batch-invariance check: `split(i)` gives the inputs of
+unit i alone and, for each output, which part of the batched call's output is unit i's.
+
+Batch sizes are drawn from `BOUNDARY_SIZES`, which straddle the usual tile and graph-bucket edges.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import torch
+
+from shuili.hal.ops import OP_NAMES
+from shuili.hal.types import Weight
+
+BOUNDARY_SIZES = (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+WEIGHT_FORMATS = ("dense", "fp8_block128", "mxfp4")
+KV_FORMATS = ("mxfp8", "fp4_e4m3", "mxfp4")
+
+Select = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+
+
+@dataclass
+class Case:
+    op: str
+    seed: int
+    kwargs: dict[str, Any]
+    act: tuple[str, ...]  # arguments in the compute dtype (the rest keep their contract dtype)
+    units: int  # independent units of the batch (rows / tokens / sequences)
+    split: Callable[[int], tuple[dict[str, Any], Select, Select]] | None = None
+    params: dict[str, Any] = field(default_factory=dict)  # shapes and flags, for the report
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.params.items())
+
+
+def bytes_per_row(fmt: str, dim: int) -> int:
+    if fmt == "mxfp8":
+        return dim + dim // 32
+    if fmt == "fp4_e4m3":
+        return dim // 2 + dim // 16
+    if fmt == "mxfp4":
+        return dim // 2 + dim // 32
+    raise ValueError(f"unknown KV format {fmt!r}; the contract has {KV_FORMATS}")
+
+
+# ---------------------------------------------------------------------------------------- helpers
+class Rng:
+    """All randomness of one case, from one seed (torch.Generator: same stream on every host)."""
+
+    def __init__(self, seed: int, min_size: int = 1):
+        self.g = torch.Generator().manual_seed(seed)
+        self.min_size = min_size
+
+    def int(self, lo: int, hi: int) -> int:  # inclusive
+        return int(torch.randint(lo, hi + 1, (1,), generator=self.g))
+
+    def choice(self, seq):
+        return seq[self.int(0, len(seq) - 1)]
+
+    def coin(self, p: float = 0.5) -> bool:
+        return float(torch.rand((), generator=self.g)) < p
+
+    def normal(self, *shape, std: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.g) * std
+
+    def uniform(self, *shape, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
+        return lo + (hi - lo) * torch.rand(*shape, generator=self.g)
+
+    def ints(self, lo: int, hi: int, shape) -> torch.Tensor:  # [lo, hi)
+        return torch.randint(lo, hi, tuple(shape), generator=self.g, dtype=torch.int64)
+
+    def perm(self, n: int) -> torch.Tensor:
+        return torch.randperm(n, generator=self.g)
+
+    def size(self, max_size: int = 129) -> int:
+        return self.choice([s for s in BOUNDARY_SIZES if min(self.min_size, max_size) <= s <= max_size])
+
+
+def _rows(name_dims: dict[str, int]):
+    """split for row-wise ops: arguments named here are sliced on the given dim."""
+
+    def make(case: Case):
+        def split(i: int):
+            kw = dict(case.kwargs)
+            for name, dim in name_dims.items():
+                if kw.get(name) is not None:
+                    kw[name] = kw[name].narrow(dim, i, 1)
+            sel = lambda outs: [o.narrow(0, i, 1) for o in outs]  # noqa: E731
+            return kw, sel, lambda outs: outs
+
+        return split
+
+    return make
+
+
+def _fp8_block_weight(rng: Rng, shape: tuple[int, ...]) -> Weight:
+    *lead, n, k = shape
+    data = rng.normal(*shape, std=2.0).clamp(-448, 448).to(torch.float8_e4m3fn)
+    exps = rng.ints(-8, 1, (*lead, math.ceil(n / 128), math.ceil(k / 128)))
+    return Weight("fp8_block128", data, torch.pow(2.0, exps.float()), tuple(shape))
+
+
+def _mxfp4_weight(rng: Rng, shape: tuple[int, ...]) -> Weight:
+    *lead, n, k = shape
+    data = rng.ints(0, 256, (*lead, n, k // 2)).to(torch.uint8)
+    scale = rng.ints(118, 126, (*lead, n, k // 32)).to(torch.uint8)  # 2^-9 .. 2^-2
+    return Weight("mxfp4", data, scale, tuple(shape))
+
+
+def make_weight(rng: Rng, fmt: str, shape: tuple[int, ...]) -> Weight:
+    if fmt == "dense":
+        return Weight.dense(rng.normal(*shape, std=shape[-1] ** -0.5))
+    if fmt == "fp8_block128":
+        return _fp8_block_weight(rng, shape)
+    if fmt == "mxfp4":
+        return _mxfp4_weight(rng, shape)
+    raise ValueError(f"unknown weight format {fmt!r}; the contract has {WEIGHT_FORMATS}")
+
+
+# ------------------------------------------------------------------------------------------ GEMMs
+def gen_linear(rng: Rng, fmt: str = "dense", **_) -> Case:
+    t, k, n = rng.size(), 32 * rng.int(1, 8), rng.int(1, 200)
+    w = make_weight(rng, fmt, (n, k))
+    bias = rng.normal(n) if rng.coin(0.3) else None
+    case = Case("linear", 0, {"x": rng.normal(t, k), "w": w, "bias": bias}, ("x", "w", "bias"), t,
+                params={"T": t, "K": k, "N": n, "format": fmt, "bias": bias is not None})
+    case.split = _rows({"x": 0})(case)
+    return case
+
+
+def gen_grouped_linear(rng: Rng, fmt: str = "dense", **_) -> Case:
+    e, k, n = rng.int(1, 6), 32 * rng.int(1, 4), rng.int(1, 96)
+    sizes = torch.tensor([rng.choice([0, 1, 2, 5, 9, 17]) for _ in range(e)], dtype=torch.int64)
+    if int(sizes.sum()) == 0:
+        sizes[0] = 3
+    m = int(sizes.sum())
+    w = make_weight(rng, fmt, (e, n, k))
+    case = Case("grouped_linear", 0, {"x": rng.normal(m, k), "w": w, "group_sizes": sizes},
+                ("x", "w"), m, params={"M": m, "E": e, "K": k, "N": n, "format": fmt,
+                                       "group_sizes": sizes.tolist()})
+    group_of = torch.repeat_interleave(torch.arange(e), sizes)
+
+    def split(i: int):
+        one = torch.zeros(e, dtype=torch.int64)
+        one[int(group_of[i])] = 1
+        kw = {"x": case.kwargs["x"][i:i + 1], "w": w, "group_sizes": one}
+        return kw, (lambda outs: [o[i:i + 1] for o in outs]), (lambda outs: outs)
+
+    case.split = split
+    return case
+
+
+def gen_moe_experts(rng: Rng, fmt: str = "dense", **_) -> Case:
+    t, e = rng.size(65), rng.int(2, 8)
+    k, d, inter = rng.int(1, min(4, e)), 32 * rng.int(1, 3), 32 * rng.int(1, 3)
+    ids = torch.stack([rng.perm(e)[:k] for _ in range(t)])
+    weights = torch.softmax(rng.normal(t, k), -1)
+    limit = rng.choice([None, 7.0, 1.0])
+    kw = {"x": rng.normal(t, d), "topk_ids": ids, "topk_weights": weights,
+          "w13": make_weight(rng, fmt, (e, 2 * inter, d)), "w2": make_weight(rng, fmt, (e, d, inter)),
+          "swiglu_limit": limit}
+    case = Case("moe_experts", 0, kw, ("x", "w13", "w2"), t,
+                params={"T": t, "E": e, "k": k, "D": d, "I": inter, "format": fmt, "limit": limit})
+    case.split = _rows({"x": 0, "topk_ids": 0, "topk_weights": 0})(case)
+    return case
+
+
+# ------------------------------------------------------------------------------- elementwise etc
+def gen_rms_norm(rng: Rng, **_) -> Case:
+    t, d = rng.size(), rng.choice([16, 64, 96, 128, 512])
+    heads = rng.choice([None, 1, 4])
+    shape = (t, d) if heads is None else (t, heads, d)
+    weight = rng.normal(d, std=0.2) + 1.0 if rng.coin(0.8) else None
+    kw = {"x": rng.normal(*shape, std=rng.choice([0.01, 1.0, 30.0])), "weight": weight,
+          "eps": rng.choice([1e-6, 1e-5])}
+    case = Case("rms_norm", 0, kw, ("x", "weight"), t,
+                params={"shape": list(shape), "weight": weight is not None, "eps": kw["eps"]})
+    case.split = _rows({"x": 0})(case)
+    return case
+
+
+def gen_add_rms_norm(rng: Rng, **_) -> Case:
+    t, d = rng.size(), rng.choice([16, 64, 128, 384])
+    weight = rng.normal(d, std=0.2) + 1.0 if rng.coin(0.8) else None
+    kw = {"x": rng.normal(t, d), "residual": rng.normal(t, d, std=4.0), "weight": weight, "eps": 1e-6}
+    case = Case("add_rms_norm", 0, kw, ("x", "residual", "weight"), t,
+                params={"T": t, "D": d, "weight": weight is not None})
+    case.split = _rows({"x": 0, "residual": 0})(case)
+    return case
+
+
+def gen_rope(rng: Rng, **_) -> Case:
+    t, h, rope_dim = rng.size(), rng.int(1, 4), 2 * rng.int(2, 32)
+    d = rope_dim + rng.choice([0, 16, 64])
+    max_pos = rng.choice([64, 300, 4096])
+    inv = 1.0 / (10000.0 ** (torch.arange(rope_dim // 2, dtype=torch.float64) * 2 / rope_dim))
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None]
+    kw = {"x": rng.normal(t, h, d), "positions": rng.ints(0, max_pos, (t,)),
+          "cos": ang.cos().float(), "sin": ang.sin().float(), "rope_dim": rope_dim,
+          "interleaved": rng.coin(), "inverse": rng.coin(0.3)}
+    case = Case("rope", 0, kw, ("x",), t, params={"T": t, "H": h, "D": d, "rope_dim": rope_dim,
+                                                 "interleaved": kw["interleaved"], "inverse": kw["inverse"]})
+    case.split = _rows({"x": 0, "positions": 0})(case)
+    return case
+
+
+def gen_swiglu(rng: Rng, **_) -> Case:
+    t, inter = rng.size(), rng.choice([8, 32, 96, 256])
+    limit = rng.choice([None, 7.0, 0.5])
+    kw = {"gate_up": rng.normal(t, 2 * inter, std=3.0), "limit": limit}
+    case = Case("swiglu", 0, kw, ("gate_up",), t, params={"T": t, "I": inter, "limit": limit})
+    case.split = _rows({"gate_up": 0})(case)
+    return case
+
+
+def gen_embedding(rng: Rng, **_) -> Case:
+    t, v, d = rng.size(), rng.int(2, 500), rng.choice([8, 64, 96])
+    kw = {"ids": rng.ints(0, v, (t,)), "table": rng.normal(v, d)}
+    case = Case("embedding", 0, kw, ("table",), t, params={"T": t, "V": v, "D": d})
+    case.split = _rows({"ids": 0})(case)
+    return case
+
+
+def gen_hc_split_sinkhorn(rng: Rng, **_) -> Case:
+    t, m = rng.size(), rng.choice([2, 4])
+    kw = {"mix": rng.normal(t, m * (m + 2)), "scale": rng.uniform(3, lo=0.1, hi=2.0),
+          "base": rng.normal(m * (m + 2), std=0.5), "hc_mult": m, "iters": rng.choice([1, 3, 20]),
+          "eps": 1e-6}
+    case = Case("hc_split_sinkhorn", 0, kw, (), t, params={"T": t, "m": m, "iters": kw["iters"]})
+    case.split = _rows({"mix": 0})(case)
+    return case
+
+
+# ---------------------------------------------------------------------------------------- routing
+_SCORINGS = ("sqrtsoftplus", "softmax", "sigmoid")
+
+
+def gen_moe_route_topk(rng: Rng, **_) -> Case:
+    t, e = rng.size(), rng.choice([4, 8, 16, 64])
+    kw = {"logits": rng.normal(t, e, std=2.0), "bias": rng.normal(e, std=0.1) if rng.coin() else None,
+          "topk": rng.int(1, min(8, e)), "scoring": rng.choice(_SCORINGS), "renormalize": rng.coin(),
+          "scaling": rng.choice([1.0, 2.5])}
+    case = Case("moe_route_topk", 0, kw, (), t, params={"T": t, "E": e, "topk": kw["topk"],
+                                                        "scoring": kw["scoring"]})
+    case.split = _rows({"logits": 0})(case)
+    return case
+
+
+def gen_moe_route_hash(rng: Rng, **_) -> Case:
+    t, e, v = rng.size(), rng.choice([4, 8, 16]), rng.int(2, 300)
+    k = rng.int(1, min(6, e))
+    kw = {"logits": rng.normal(t, e, std=2.0), "token_ids": rng.ints(0, v, (t,)),
+          "tid2eid": torch.stack([rng.perm(e)[:k] for _ in range(v)]),
+          "scoring": rng.choice(_SCORINGS), "renormalize": rng.coin(), "scaling": rng.choice([1.0, 1.5])}
+    case = Case("moe_route_hash", 0, kw, (), t, params={"T": t, "E": e, "k": k, "scoring": kw["scoring"]})
+    case.split = _rows({"logits": 0, "token_ids": 0})(case)
+    return case
+
+
+# --------------------------------------------------------------------------------------- KV cache
+def _kv_rows(rng: Rng, n: int, d: int) -> torch.Tensor:
+    x = rng.normal(n, d) * torch.pow(10.0, rng.uniform(n, 1, lo=-5, hi=3))
+    if n > 2:
+        x[1] = 0.0  # all-zero row: exercises the scale floor
+    return x
+
+
+def gen_kv_quantize(rng: Rng, fmt: str = "mxfp8", **_) -> Case:
+    n, d = rng.size(), rng.choice([32, 64, 128, 512])
+    case = Case("kv_quantize", 0, {"x": _kv_rows(rng, n, d), "fmt": fmt}, (), n,
+                params={"N": n, "D": d, "fmt": fmt})
+    case.split = _rows({"x": 0})(case)
+    return case
+
+
+def gen_kv_dequantize(rng: Rng, fmt: str = "mxfp8", reference=None, **_) -> Case:
+    n, d = rng.size(), rng.choice([32, 64, 128, 512])
+    packed = reference.kv_quantize(_kv_rows(rng, n, d), fmt)  # valid codes only (no e4m3 NaN bytes)
+    case = Case("kv_dequantize", 0, {"packed": packed, "fmt": fmt, "dim": d}, (), n,
+                params={"N": n, "D": d, "fmt": fmt})
+    case.split = _rows({"packed": 0})(case)
+    return case
+
+
+def gen_cache_write(rng: Rng, **_) -> Case:
+    nb, bs, d = rng.int(1, 6), rng.choice([4, 16]), rng.choice([8, 32])
+    n = rng.int(1, nb * bs)
+    slots = rng.perm(nb * bs)[:n].clone()
+    slots[rng.ints(0, n, (n // 4,))] = -1
+    kw = {"cache": rng.normal(nb, bs, d), "slot_mapping": slots, "values": rng.normal(n, d)}
+    case = Case("cache_write", 0, kw, ("cache", "values"), n,
+                params={"blocks": nb, "block_size": bs, "D": d, "N": n})
+
+    def split(i: int):
+        sub = {"cache": kw["cache"], "slot_mapping": slots[i:i + 1], "values": kw["values"][i:i + 1]}
+        slot = int(slots[i])
+
+        def sel(outs):  # the slot row unit i wrote (or the untouched cache when it skipped)
+            return [o.view(-1, d)[slot:slot + 1] if slot >= 0 else o for o in outs]
+
+        return sub, sel, sel
+
+    case.split = split
+    return case
+
+
+# -------------------------------------------------------------------------------------- attention
+def _seq_layout(rng: Rng, b: int, max_len: int, block_size: int):
+    seq_lens = [rng.int(1, max_len) for _ in range(b)]
+    q_lens = [1 if rng.coin(0.4) else rng.int(1, s) for s in seq_lens]
+    blocks = [math.ceil(s / block_size) for s in seq_lens]
+    pool = sum(blocks) + rng.int(0, 3)
+    phys = rng.perm(pool)
+    max_blocks = max(blocks) + rng.int(0, 2)
+    table = torch.full((b, max_blocks), -1, dtype=torch.int32)
+    at = 0
+    for i, nbk in enumerate(blocks):
+        table[i, :nbk] = phys[at:at + nbk].to(torch.int32)
+        at += nbk
+    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    return torch.tensor(seq_lens, dtype=torch.int32), q_lens, table, qsl, pool
+
+
+def _per_seq_split(case: Case, q_names: tuple[str, ...], qsl: torch.Tensor, table_name: str,
+                   seq_names: tuple[str, ...]):
+    def split(b: int):
+        lo, hi = int(qsl[b]), int(qsl[b + 1])
+        kw = dict(case.kwargs)
+        for name in q_names:
+            kw[name] = kw[name][lo:hi]
+        for name in seq_names:
+            kw[name] = kw[name][b:b + 1]
+        kw[table_name] = kw[table_name][b:b + 1]
+        kw["query_start_loc"] = torch.tensor([0, hi - lo], dtype=torch.int32)
+        return kw, (lambda outs: [o[lo:hi] for o in outs]), (lambda outs: outs)
+
+    return split
+
+
+def gen_paged_attention(rng: Rng, **_) -> Case:
+    b, bs = rng.choice([1, 2, 3, 5, 9]), rng.choice([4, 16])
+    kvh, groups, d = rng.choice([1, 2]), rng.choice([1, 2, 4]), rng.choice([16, 32, 64])
+    seq_lens, q_lens, table, qsl, pool = _seq_layout(rng, b, 70, bs)
+    t = int(qsl[-1])
+    kw = {"q": rng.normal(t, kvh * groups, d), "k_cache": rng.normal(pool, bs, kvh, d),
+          "v_cache": rng.normal(pool, bs, kvh, d), "block_tables": table, "seq_lens": seq_lens,
+          "query_start_loc": qsl, "scale": d ** -0.5, "window": rng.choice([0, 0, 5, 16]),
+          "sinks": rng.normal(kvh * groups) if rng.coin(0.4) else None}
+    case = Case("paged_attention", 0, kw, ("q", "k_cache", "v_cache"), b,
+                params={"B": b, "T": t, "H": kvh * groups, "KVH": kvh, "D": d, "block_size": bs,
+                        "seq_lens": seq_lens.tolist(), "q_lens": q_lens, "window": kw["window"],
+                        "sinks": kw["sinks"] is not None})
+    case.split = _per_seq_split(case, ("q",), qsl, "block_tables", ("seq_lens",))
+    return case
+
+
+def gen_sparse_attention(rng: Rng, formats: tuple[str, ...] = (), reference=None, **_) -> Case:
+    t, h, d = rng.size(65), rng.choice([1, 4, 8]), rng.choice([32, 64])
+    n_caches = rng.int(1, 2)
+    kv, idx, fmts = [], [], []
+    for _ in range(n_caches):
+        nb, bs = rng.int(1, 4), rng.choice([4, 16])
+        fmt = rng.choice(("none",) + tuple(formats))
+        rows = rng.normal(nb * bs, d)
+        if fmt == "none":
+            kv.append(rows.view(nb, bs, d))
+        else:
+            kv.append(reference.kv_quantize(rows, fmt).view(nb, bs, -1))
+        width = rng.int(1, 12)
+        ind = rng.ints(0, nb * bs, (t, width)).to(torch.int32)
+        ind[rng.uniform(t, width) < 0.25] = -1
+        idx.append(ind)
+        fmts.append(fmt)
+    if t > 1:
+        for ind in idx:
+            ind[0] = -1  # a query with no entry: zeros, or the sink alone
+    sinks = rng.normal(h) if rng.coin(0.4) else None
+    use_fmts = None if all(f == "none" for f in fmts) and rng.coin() else fmts
+    kw = {"q": rng.normal(t, h, d), "kv": kv, "indices": idx, "scale": d ** -0.5, "sinks": sinks,
+          "kv_formats": use_fmts}
+    act = ("q", "kv") if all(f == "none" for f in fmts) else ("q",)
+    case = Case("sparse_attention", 0, kw, act, t,
+                params={"T": t, "H": h, "D": d, "caches": len(kv), "formats": fmts,
+                        "widths": [i.shape[1] for i in idx], "sinks": sinks is not None})
+
+    def split(i: int):
+        sub = dict(kw)
+        sub["q"] = kw["q"][i:i + 1]
+        sub["indices"] = [ind[i:i + 1] for ind in idx]
+        return sub, (lambda outs: [o[i:i + 1] for o in outs]), (lambda outs: outs)
+
+    case.split = split
+    return case
+
+
+def gen_indexer_topk(rng: Rng, formats: tuple[str, ...] = (), reference=None, **_) -> Case:
+    b, bs, ratio = rng.choice([1, 2, 4]), rng.choice([4, 8]), rng.choice([1, 4])
+    h, dk, topk = rng.choice([1, 4]), rng.choice([32, 64]), rng.choice([1, 4, 8])
+    fmt = rng.choice(("none",) + tuple(f for f in formats if f == "mxfp4"))
+    tok_lens = [rng.int(1, 80) for _ in range(b)]
+    q_lens = [1 if rng.coin(0.4) else rng.int(1, n) for n in tok_lens]
+    n_entries = [max(1, n // ratio) for n in tok_lens]
+    blocks = [math.ceil(e / bs) for e in n_entries]
+    pool = sum(blocks) + 1
+    phys = rng.perm(pool)
+    table = torch.full((b, max(blocks)), -1, dtype=torch.int32)
+    at = 0
+    for i, nbk in enumerate(blocks):
+        table[i, :nbk] = phys[at:at + nbk].to(torch.int32)
+        at += nbk
+    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(tok_lens, q_lens)]).to(torch.int64)
+    rows = rng.normal(pool * bs, dk)
+    k_cache = (rows.view(pool, bs, dk) if fmt == "none"
+               else reference.kv_quantize(rows, fmt).view(pool, bs, -1))
+    t = int(qsl[-1])
+    kw = {"q": rng.normal(t, h, dk), "weights": rng.uniform(t, h, lo=-1, hi=1), "k_cache": k_cache,
+          "block_tables": table, "query_start_loc": qsl, "positions": positions, "ratio": ratio,
+          "topk": topk, "k_format": fmt}
+    act = ("q", "k_cache") if fmt == "none" else ("q",)
+    case = Case("indexer_topk", 0, kw, act, b,
+                params={"B": b, "T": t, "H": h, "Dk": dk, "ratio": ratio, "topk": topk, "format": fmt,
+                        "tokens": tok_lens, "q_lens": q_lens})
+    case.split = _per_seq_split(case, ("q", "weights", "positions"), qsl, "block_tables", ())
+    return case
+
+
+# --------------------------------------------------------------------------------------- sampling
+def gen_log_softmax(rng: Rng, **_) -> Case:
+    b, v = rng.size(65), rng.choice([2, 17, 100, 1000, 4099])
+    logits = rng.normal(b, v, std=rng.choice([0.1, 3.0, 30.0])) + rng.choice([0.0, 1e4])
+    case = Case("log_softmax", 0, {"logits": logits}, ("logits",), b, params={"B": b, "V": v})
+    case.split = _rows({"logits": 0})(case)
+    return case
+
+
+def gen_apply_penalties(rng: Rng, **_) -> Case:
+    b, v = rng.size(65), rng.choice([16, 100, 1000])
+    kw = {"logits": rng.normal(b, v, std=3.0),
+          "token_counts": (rng.ints(0, 4, (b, v)) * (rng.uniform(b, v) < 0.1)).to(torch.int32),
+          "prompt_mask": rng.uniform(b, v) < 0.1, "repetition": rng.uniform(b, lo=1.0, hi=1.5),
+          "presence": rng.uniform(b, lo=0.0, hi=1.0), "frequency": rng.uniform(b, lo=0.0, hi=0.5)}
+    case = Case("apply_penalties", 0, kw, (), b, params={"B": b, "V": v})
+    case.split = _rows({k: 0 for k in kw})(case)
+    return case
+
+
+def gen_sample(rng: Rng, **_) -> Case:
+    b, v = rng.size(65), rng.choice([16, 100, 1000])
+    temp = torch.where(rng.uniform(b) < 0.3, 0.0, rng.uniform(b, lo=0.3, hi=1.5))
+    kw = {"logits": rng.normal(b, v, std=2.0), "temperature": temp,
+          "top_k": torch.where(rng.uniform(b) < 0.5, 0, rng.ints(1, v + 1, (b,))).to(torch.int32),
+          "top_p": torch.where(rng.uniform(b) < 0.5, 1.0, rng.uniform(b, lo=0.1, hi=1.0)),
+          "min_p": torch.where(rng.uniform(b) < 0.7, 0.0, rng.uniform(b, lo=0.0, hi=0.3)),
+          "seeds": rng.ints(0, 2 ** 62, (b,)), "positions": rng.ints(0, 10000, (b,))}
+    case = Case("sample", 0, kw, (), b, params={"B": b, "V": v})
+    case.split = _rows({k: 0 for k in kw})(case)
+    return case
+
+
+# ------------------------------------------------------------------------------------ collectives
+def gen_all_reduce(rng: Rng, **_) -> Case:
+    t = rng.size()
+    case = Case("all_reduce", 0, {"x": rng.normal(t, rng.choice([8, 64])), "group": None}, ("x",), t,
+                params={"T": t, "ranks": 1})
+    case.split = _rows({"x": 0})(case)
+    return case
+
+
+def gen_all_gather(rng: Rng, **_) -> Case:
+    t = rng.size()
+    case = Case("all_gather", 0, {"x": rng.normal(t, rng.choice([8, 64])), "group": None, "dim": 0},
+                ("x",), t, params={"T": t, "ranks": 1})
+    case.split = _rows({"x": 0})(case)
+    return case
+
+
+GENERATORS: dict[str, Callable[..., Case]] = {
+    name[len("gen_"):]: fn for name, fn in globals().items() if name.startswith("gen_")
+}
+# ops whose cases vary by a format argument: (kind, default formats when the platform lists none)
+FORMAT_AXES = {
+    "linear": WEIGHT_FORMATS, "grouped_linear": WEIGHT_FORMATS, "moe_experts": WEIGHT_FORMATS,
+    "kv_quantize": KV_FORMATS, "kv_dequantize": KV_FORMATS,
+}
+assert set(GENERATORS) == set(OP_NAMES), sorted(set(OP_NAMES) ^ set(GENERATORS))
+
+
+def generate(op: str, seed: int, fmt: str | None = None, formats: tuple[str, ...] = (),
+             reference=None, min_units: int = 1) -> Case:
+    """One fuzzed case of `op`. `reference` (a DispatchTable) packs valid quantized KV rows."""
+    if op not in GENERATORS:
+        raise ValueError(f"no input generator for op {op!r}; the contract has {list(OP_NAMES)}")
+    kw: dict[str, Any] = {"formats": formats, "reference": reference}
+    if fmt is not None:
+        kw["fmt"] = fmt
+    case = GENERATORS[op](Rng(seed, min_units), **kw)
+    return replace(case, seed=seed)
