@@ -1,0 +1,100 @@
+"""The one state object that flows through scheduler, KV-cache manager, runner and sampler.
+
+The scheduling rule (vLLM v1): each step moves `num_computed_tokens` toward `num_tokens`.
+Prefill, chunked prefill, prefix-cache hits and recompute after preemption are all that rule.
+`num_tokens` counts placeholders: tokens scheduled for sampling whose value is not yet on the
+host (overlap mode schedules step N+1 before step N's samples are read back).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shuili.core.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    arrival: int
+    priority: int = 0
+    prompt: str | None = None
+
+    status: Status = Status.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_placeholders: int = 0
+    # bumped on preemption/abort: results computed for an older epoch are dropped
+    epoch: int = 0
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    stop_text_len: int | None = None  # text is cut here when a stop string matched
+    t_arrival: float = 0.0
+    t_first_token: float = 0.0
+    t_finish: float = 0.0
+
+    # KV-cache state, owned by KVCacheManager
+    block_ids: dict[str, list[int]] = field(default_factory=dict)
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_published_blocks: int = 0
+
+    def __post_init__(self):
+        if not self.prompt_logprobs and self.params.prompt_logprobs:
+            self.prompt_logprobs = [None] * max(len(self.prompt_token_ids) - 1, 0)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_real_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_real_tokens + self.num_placeholders
+
+    @property
+    def num_pending_output(self) -> int:
+        return len(self.output_token_ids) + self.num_placeholders
+
+    def token_at(self, i: int) -> int:
+        """Token i of prompt + output; -1 for a placeholder."""
+        n = len(self.prompt_token_ids)
+        if i < n:
+            return self.prompt_token_ids[i]
+        i -= n
+        return self.output_token_ids[i] if i < len(self.output_token_ids) else -1
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, -1 for placeholders."""
+        n = len(self.prompt_token_ids)
+        out = self.prompt_token_ids[start:end] + self.output_token_ids[max(start - n, 0):max(end - n, 0)]
+        return out + [-1] * (end - start - len(out))
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def wants_more(self, max_model_len: int) -> bool:
+        """Whether scheduling one more sampled token is allowed (counting placeholders)."""
+        limit = self.params.max_tokens
+        if limit is not None and self.num_pending_output >= limit:
+            return False
+        return self.num_tokens < max_model_len

@@ -1,0 +1,82 @@
+"""Sampler: penalties, min-tokens masking, seeded sampling and logprobs, all through HAL ops.
+
+Per-row inputs only (seed, absolute position, the request's own tokens), so a row's result
+cannot depend on its batch. Logprobs are of the raw model distribution (before temperature,
+penalties and filtering), float32. A row whose logits hold NaN is sampled from zeros and flagged
+`bad`; the engine finishes that request with an error.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SampleRow:
+    req: object  # Request
+    position: int  # absolute position of the token being sampled
+    logits_row: int
+    epoch: int = 0  # the request's epoch when scheduled; a stale row is dropped
+
+
+class Sampler:
+    def __init__(self, ops, vocab_size: int, device: str = "cpu"):
+        self.ops = ops
+        self.V = vocab_size
+        self.device = device
+
+    def _in_flight_token(self, row: SampleRow, prev) -> torch.Tensor | None:
+        # placeholders beyond this row's own sample belong to the previous (in-flight) step
+        if row.req.num_placeholders > 1:
+            return prev.sampled[prev.index[row.req.request_id]]
+        return None
+
+    def _penalize(self, logits: torch.Tensor, rows: list[SampleRow], prev) -> torch.Tensor:
+        S, V, dev = logits.shape[0], self.V, self.device
+        counts = torch.zeros(S, V, dtype=torch.int32, device=dev)
+        prompt_mask = torch.zeros(S, V, dtype=torch.bool, device=dev)
+        for i, r in enumerate(rows):
+            out = torch.tensor(r.req.output_token_ids, dtype=torch.int64, device=dev)
+            counts[i] += torch.bincount(out, minlength=V)[:V].to(torch.int32)
+            extra = self._in_flight_token(r, prev)
+            if extra is not None:
+                counts[i, extra] += 1
+            prompt_mask[i, torch.tensor(r.req.prompt_token_ids, dtype=torch.int64, device=dev)] = True
+        rep = torch.tensor([r.req.params.repetition_penalty for r in rows], dtype=torch.float32, device=dev)
+        pres = torch.tensor([r.req.params.presence_penalty for r in rows], dtype=torch.float32, device=dev)
+        freq = torch.tensor([r.req.params.frequency_penalty for r in rows], dtype=torch.float32, device=dev)
+        return self.ops.apply_penalties(logits, counts, prompt_mask, rep, pres, freq)
+
+    def _mask_min_tokens(self, logits: torch.Tensor, rows: list[SampleRow], eos: tuple[int, ...]) -> torch.Tensor:
+        for i, r in enumerate(rows):
+            p = r.req.params
+            if r.req.num_pending_output - 1 < p.min_tokens:
+                banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos))
+                banned = [t for t in banned if 0 <= t < self.V]
+                if banned:
+                    logits[i, banned] = float("-inf")
+        return logits
+
+    def __call__(self, logits: torch.Tensor, rows: list[SampleRow], prev=None, eos: tuple[int, ...] = ()):
+        """logits float32 [S, V] -> (tokens int64 [S], logprobs float32 [S], bad bool [S])."""
+        bad = torch.isnan(logits).any(dim=-1)
+        logits = torch.where(bad[:, None], torch.zeros((), dtype=logits.dtype, device=logits.device), logits)
+        raw_lp = self.ops.log_softmax(logits)
+        proc = logits.to(torch.float32).clone()
+        if any(r.req.params.min_tokens for r in rows):
+            proc = self._mask_min_tokens(proc, rows, eos)
+        if any(r.req.params.has_penalties for r in rows):
+            proc = self._penalize(proc, rows, prev)
+        dev = self.device
+        ps = [r.req.params for r in rows]
+        tokens = self.ops.sample(
+            proc,
+            torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
+            torch.tensor([p.top_k for p in ps], dtype=torch.int32, device=dev),
+            torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev),
+            torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev),
+            torch.tensor([r.req.seed for r in rows], dtype=torch.int64, device=dev),
+            torch.tensor([r.position for r in rows], dtype=torch.int64, device=dev))
+        lps = raw_lp.gather(1, tokens[:, None])[:, 0]
+        return tokens, lps, bad

@@ -1,0 +1,238 @@
+"""Continuous-batching scheduler: one rule, `num_computed_tokens` catches up with `num_tokens`.
+
+Each step hands out a token budget: running requests first (decode and unfinished prefill
+chunks alike, in admission order), then waiting requests in policy order (FCFS or priority),
+with a prefix-cache lookup on admission. When a running request cannot get blocks, the
+lowest-priority unscheduled running request is preempted by recompute (blocks freed, computed
+tokens reset, back to the front of the queue); no request is admitted in a step that preempted.
+A scheduled chunk that reaches the end of the known tokens samples one token, which is counted
+as a placeholder until its value is on the host (that is what lets overlap mode schedule step
+N+1 before step N's samples are read back).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from shuili.core.kv_cache import KVCacheManager
+from shuili.core.request import Request, Status
+
+
+@dataclass
+class ScheduledChunk:
+    req: Request
+    start: int  # first position computed this step (= context length)
+    num_tokens: int
+    sample: bool  # the chunk ends at the last known token: sample the next one
+    epoch: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+
+class WaitingQueue:
+    """FCFS: a deque (preempted requests go to the front). Priority: a heap on (priority, arrival)."""
+
+    def __init__(self, policy: str):
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"unknown scheduling policy {policy!r}: use 'fcfs' or 'priority'")
+        self.policy = policy
+        self._dq: deque[Request] = deque()
+        self._heap: list[tuple[int, int, int, Request]] = []
+        self._tie = itertools.count()
+
+    def push(self, req: Request, front: bool = False) -> None:
+        if self.policy == "priority":
+            heapq.heappush(self._heap, (req.priority, req.arrival, next(self._tie), req))
+        elif front:
+            self._dq.appendleft(req)
+        else:
+            self._dq.append(req)
+
+    def _drop_finished(self) -> None:
+        # aborted requests are removed lazily, so abort stays O(1)
+        if self.policy == "priority":
+            while self._heap and self._heap[0][3].status is not Status.WAITING:
+                heapq.heappop(self._heap)
+        else:
+            while self._dq and self._dq[0].status is not Status.WAITING:
+                self._dq.popleft()
+
+    def peek(self) -> Request | None:
+        self._drop_finished()
+        if self.policy == "priority":
+            return self._heap[0][3] if self._heap else None
+        return self._dq[0] if self._dq else None
+
+    def pop(self) -> Request:
+        self._drop_finished()
+        return heapq.heappop(self._heap)[3] if self.policy == "priority" else self._dq.popleft()
+
+    def __len__(self) -> int:
+        items = (e[3] for e in self._heap) if self.policy == "priority" else self._dq
+        return sum(1 for r in items if r.status is Status.WAITING)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, policy: str = "fcfs"):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.policy = policy
+        self.waiting = WaitingQueue(policy)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._arrival = itertools.count()
+        self._forced: list[str] = []
+
+    # --------------------------------------------------------------------------------- queue
+    def next_arrival(self) -> int:
+        return next(self._arrival)
+
+    def add(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use; pick a unique id")
+        self.requests[req.request_id] = req
+        self.waiting.push(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or self.waiting.peek() is not None
+
+    def finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        """Finish at any time (stop, length, abort, error): blocks are freed, results in flight dropped."""
+        if req.finished:
+            return
+        was_running = req.status is Status.RUNNING
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        req.error = error
+        req.epoch += 1
+        req.num_placeholders = 0
+        self.kv.free(req)
+        if was_running:
+            self.running.remove(req)
+        self.requests.pop(req.request_id, None)
+
+    def abort(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is not None:
+            self.finish(req, "abort")
+        return req
+
+    def preempt(self, request_id: str) -> None:
+        """Preempt a running request at the next step (tests use this to force recompute)."""
+        req = self.requests.get(request_id)
+        if req is None or req.status is not Status.RUNNING:
+            raise ValueError(f"request {request_id!r} is not running, so it cannot be preempted")
+        self._forced.append(request_id)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.status = Status.WAITING
+        req.num_computed_tokens = 0
+        req.num_placeholders = 0  # an in-flight sample is dropped and recomputed, same value
+        req.epoch += 1
+        req.num_preemptions += 1
+        self.running.remove(req)
+        self.waiting.push(req, front=True)
+
+    def _victim(self, candidates: list[Request]) -> Request:
+        if self.policy == "priority":
+            return max(candidates, key=lambda r: (r.priority, r.arrival))
+        return candidates[-1]
+
+    # ------------------------------------------------------------------------------ schedule
+    def _chunk(self, req: Request, budget: int) -> tuple[int, bool]:
+        remaining = req.num_tokens - req.num_computed_tokens
+        n = min(remaining, budget)
+        sample = n == remaining and req.wants_more(self.max_model_len)
+        return n, sample
+
+    def _commit(self, out: SchedulerOutput, req: Request, n: int, sample: bool) -> None:
+        out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, sample, req.epoch))
+        req.num_computed_tokens += n
+        if sample:
+            req.num_placeholders += 1
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        for rid in self._forced:
+            req = self.requests.get(rid)
+            if req is not None and req.status is Status.RUNNING:
+                self._preempt(req)
+                out.preempted.append(req)
+        self._forced.clear()
+        budget = self.max_num_batched_tokens
+        queue = list(self.running)
+        i = 0
+        while i < len(queue) and budget > 0:
+            req = queue[i]
+            i += 1
+            if req.status is not Status.RUNNING:
+                continue
+            self.kv.release_out_of_window(req)
+            n, sample = self._chunk(req, budget)
+            if n <= 0:
+                continue  # all known tokens computed; waiting for a sample or a finish
+            while not self.kv.allocate(req, n):
+                victim = self._victim([r for r in queue[i - 1:] if r.status is Status.RUNNING])
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status is Status.RUNNING:
+                self._commit(out, req, n, sample)
+                budget -= n
+        if not out.preempted:
+            self._admit(out, budget)
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting.peek()
+            if req is None:
+                return
+            hit_tokens, hits = self.kv.find_cached(req)
+            req.num_computed_tokens = hit_tokens
+            n, sample = self._chunk(req, budget)
+            if not self.kv.allocate(req, n, hits):
+                req.num_computed_tokens = 0
+                return  # admission never preempts: wait for blocks to come back
+            self.waiting.pop()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            self._commit(out, req, n, sample)
+            budget -= n
+
+    # -------------------------------------------------------------------------------- update
+    def chunk_is_current(self, chunk: ScheduledChunk) -> bool:
+        return chunk.req.epoch == chunk.epoch and chunk.req.status is Status.RUNNING
+
+    def check(self) -> None:
+        """Scheduler-level invariants (tests call this with kv.check_integrity after each step)."""
+        assert len(self.running) <= self.max_num_seqs, "more running requests than max_num_seqs"
+        assert len(set(map(id, self.running))) == len(self.running), "a request runs twice"
+        for req in self.running:
+            assert req.status is Status.RUNNING
+            assert 0 <= req.num_computed_tokens <= req.num_tokens
+        self.kv.check_integrity()

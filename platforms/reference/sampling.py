@@ -1,0 +1,92 @@
+"""Reference sampling ops: log_softmax, apply_penalties, sample (semantics in shuili.hal.ops).
+
+Batch invariance by construction: exp, log and the row sum come from
+`shuili.platforms.reference.numerics` (elementwise IEEE basics and a fixed pairwise tree whose
+order depends only on V), so a row's bits depend on nothing but the row. Penalties are
+elementwise add/mul/div, exact-rounded in any lane. Top-k/top-p need a per-row sort and cumsum,
+so filtered rows are handled one at a time; the Gumbel noise is keyed by token id, so the sort's
+order never reaches the result.
+"""
+from __future__ import annotations
+
+
+import torch
+
+from shuili.core import noise
+from shuili.platforms.reference import numerics
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    if logits.dim() != 2:
+        raise ValueError(f"log_softmax takes logits [B, V], got shape {tuple(logits.shape)}")
+    x = logits.to(torch.float32)
+    m = x.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # all -inf row: no inf - inf
+    z = x - m
+    s = numerics.tree_sum(numerics.exp(z))
+    return z - numerics.log64(s).to(torch.float32)[:, None]
+
+
+def gumbel(seed: int, position: int, ids: torch.Tensor) -> torch.Tensor:
+    """float64 -log(-log(u)) with the position-independent log."""
+    return -numerics.log64(-numerics.log64(noise.uniform(seed, position, ids)))
+
+
+def apply_penalties(logits, token_counts, prompt_mask, repetition, presence, frequency):
+    lg = logits.to(torch.float32)
+    seen = prompt_mask | (token_counts > 0)
+    r = repetition.to(torch.float32)[:, None]
+    lg = torch.where(seen, torch.where(lg > 0, lg / r, lg * r), lg)
+    counts = token_counts.to(torch.float32)
+    lg = lg - (frequency.to(torch.float32)[:, None] * counts
+               + presence.to(torch.float32)[:, None] * (counts > 0).to(torch.float32))
+    return lg.clone()
+
+
+def _first_argmax(x: torch.Tensor) -> int:
+    # lowest id among the maxima, independent of torch.argmax's tie behaviour
+    return int(torch.nonzero(x == x.max())[0, 0])
+
+
+def _keep_mask(lp: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """lp float32 [V] -> bool [V] of tokens kept by top-k, top-p and min-p."""
+    V = lp.shape[0]
+    keep = torch.ones(V, dtype=torch.bool)
+    if top_k <= 0 and top_p >= 1.0 and min_p <= 0.0:
+        return keep
+    # rank by (lp desc, id asc): a stable sort of -lp keeps equal values in id order
+    order = torch.sort(-lp.to(torch.float64), stable=True).indices
+    if 0 < top_k < V:
+        keep[order[top_k:]] = False
+    if top_p < 1.0:
+        probs = numerics.exp64(lp.to(torch.float64))[order]
+        csum = torch.cumsum(probs, 0)
+        # keep every token before the crossing one, and the crossing one
+        n_keep = int((csum < top_p).sum()) + 1
+        keep[order[n_keep:]] = False
+    if min_p > 0.0:
+        p = numerics.exp64(lp.to(torch.float64))
+        keep &= p >= min_p * p.max()
+    return keep
+
+
+def sample(logits, temperature, top_k, top_p, min_p, seeds, positions):
+    B, V = logits.shape
+    out = torch.empty(B, dtype=torch.int64)
+    ids = torch.arange(V, dtype=torch.int64)
+    temps, ks, ps, mps = temperature.tolist(), top_k.tolist(), top_p.tolist(), min_p.tolist()
+    sds, pos = seeds.tolist(), positions.tolist()
+    for b in range(B):
+        row = logits[b].to(torch.float32).clone()
+        if temps[b] == 0.0:
+            out[b] = _first_argmax(row)
+            continue
+        lp = log_softmax((row / torch.tensor(temps[b], dtype=torch.float32))[None])[0]
+        keep = _keep_mask(lp, int(ks[b]), float(ps[b]), float(mps[b]))
+        score = lp.to(torch.float64) + gumbel(int(sds[b]), int(pos[b]), ids)
+        score = torch.where(keep, score, torch.tensor(float("-inf"), dtype=torch.float64))
+        out[b] = _first_argmax(score)
+    return out.to(logits.device)
+
+
+SAMPLING_OPS = {"log_softmax": log_softmax, "apply_penalties": apply_penalties, "sample": sample}
