@@ -1,0 +1,126 @@
+"""DeepSeek-V4 cache-group layout, slot arithmetic, and a tiny engine-free driver.
+
+Groups (every logical block i covers tokens [i*P, (i+1)*P)):
+  swa_kv     sliding, window = sliding_window   the raw K=V latent of every token, every layer (+ MTP)
+  csa_kv     compressed, ratio csa_ratio        pooled K=V entries of CSA layers
+  csa_idx    compressed, ratio csa_ratio        the Lightning Indexer's compressed keys
+  hca_kv     compressed, ratio hca_ratio        pooled K=V entries of HCA layers
+  csa_state  sliding, window = 2*csa_ratio      per-token compressor inputs: kv | gate+ape, main then indexer
+  hca_state  sliding, window = hca_ratio        per-token compressor inputs: kv | gate+ape
+The compressor partial state is just the last coff*ratio tokens' projections, so preemption and prefix
+caching need nothing beyond the block manager.
+"""
+from __future__ import annotations
+
+import torch
+
+from shuili.core.model_api import CacheGroupSpec, ForwardBatch
+from shuili.core.models.deepseek_v4_config import V4Config
+
+_ROW_BYTES = {"mxfp8": lambda d: d + d // 32, "fp4_e4m3": lambda d: d // 2 + d // 16,
+              "mxfp4": lambda d: d // 2 + d // 32}
+
+
+def row_bytes(fmt: str, dim: int) -> int:
+    return _ROW_BYTES[fmt](dim)
+
+
+def _entry(fmt: str, dim: int, dtype: str) -> tuple[tuple[int, ...], str]:
+    return ((dim,), dtype) if fmt == "none" else ((row_bytes(fmt, dim),), "uint8")
+
+
+def state_width(cfg: V4Config, kind: str) -> int:
+    if kind == "csa":
+        return 4 * cfg.head_dim + 4 * cfg.index_head_dim
+    return 2 * cfg.head_dim
+
+
+def cache_groups(cfg: V4Config, dtype: str, with_mtp: bool = False) -> list[CacheGroupSpec]:
+    n = cfg.num_hidden_layers
+    swa_layers = tuple(range(n)) + ((n,) if with_mtp and cfg.num_nextn_predict_layers else ())
+    shape, dt = _entry(cfg.window_kv_format, cfg.head_dim, dtype)
+    groups = [CacheGroupSpec(name="swa_kv", kind="sliding", layers=swa_layers, entry_shape=shape, dtype=dt,
+                             window=cfg.sliding_window)]
+    csa, hca = cfg.layers_of("csa"), cfg.layers_of("hca")
+    if csa:
+        shape, dt = _entry(cfg.compressed_kv_format, cfg.head_dim, dtype)
+        groups.append(CacheGroupSpec(name="csa_kv", kind="compressed", layers=csa, entry_shape=shape, dtype=dt,
+                                     ratio=cfg.csa_ratio))
+        shape, dt = _entry(cfg.indexer_k_format, cfg.index_head_dim, dtype)
+        groups.append(CacheGroupSpec(name="csa_idx", kind="compressed", layers=csa, entry_shape=shape, dtype=dt,
+                                     ratio=cfg.csa_ratio))
+        groups.append(CacheGroupSpec(name="csa_state", kind="sliding", layers=csa,
+                                     entry_shape=(state_width(cfg, "csa"),), dtype="float32",
+                                     window=2 * cfg.csa_ratio))
+    if hca:
+        shape, dt = _entry(cfg.compressed_kv_format, cfg.head_dim, dtype)
+        groups.append(CacheGroupSpec(name="hca_kv", kind="compressed", layers=hca, entry_shape=shape, dtype=dt,
+                                     ratio=cfg.hca_ratio))
+        groups.append(CacheGroupSpec(name="hca_state", kind="sliding", layers=hca,
+                                     entry_shape=(state_width(cfg, "hca"),), dtype="float32",
+                                     window=cfg.hca_ratio))
+    return groups
+
+
+def token_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, pos: torch.Tensor,
+                per_block: int) -> torch.Tensor:
+    """Slot of entry `pos` (a token position, or an entry index for compressed groups) of seq_idx.
+
+    block_tables [B, max_blocks]; seq_idx, pos int64 of one shape; per_block = entries per block.
+    Entries before 0, past the table, or in a freed (-1) block get slot -1.
+    """
+    nb = block_tables.shape[1]
+    blk = torch.div(pos.clamp(min=0), per_block, rounding_mode="floor")
+    ok = (pos >= 0) & (blk < nb)
+    phys = block_tables.long()[seq_idx, blk.clamp(max=nb - 1)]
+    ok = ok & (phys >= 0)
+    slot = phys * per_block + pos.clamp(min=0) % per_block
+    return torch.where(ok, slot, torch.full_like(slot, -1))
+
+
+# --------------------------------------------------------------------------------- engine-free driver
+class SimpleCacheDriver:
+    """Allocates every group's tensors and hands out contiguous block tables; for tests and benchmarks.
+
+    Sequence s owns physical blocks [s*max_blocks, (s+1)*max_blocks) of every group, nothing is freed.
+    """
+
+    def __init__(self, groups: list[CacheGroupSpec], max_seqs: int, max_len: int, tokens_per_block: int,
+                 device: str = "cpu"):
+        for g in groups:
+            g.entries_per_block(tokens_per_block)
+        self.groups, self.P, self.device = groups, tokens_per_block, device
+        self.max_blocks = -(-max_len // tokens_per_block)
+        nblk = max_seqs * self.max_blocks
+        self.caches = {g.name: [torch.zeros(nblk, tokens_per_block // g.ratio, *g.entry_shape,
+                                            dtype=getattr(torch, g.dtype), device=device) for _ in g.layers]
+                       for g in groups}
+        self.lens: dict[int, int] = {}
+
+    def batch(self, chunks: list[tuple[int, list[int]]], logits: str = "last") -> ForwardBatch:
+        """chunks: (seq id, new token ids) in scheduling order; logits 'last' or 'all' rows."""
+        ids, pos, qsl, seq_lens, ctx, rows = [], [], [0], [], [], []
+        for sid, toks in chunks:
+            c = self.lens.get(sid, 0)
+            ids += toks
+            pos += range(c, c + len(toks))
+            qsl.append(qsl[-1] + len(toks))
+            ctx.append(c)
+            seq_lens.append(c + len(toks))
+            rows += list(range(qsl[-2], qsl[-1])) if logits == "all" else [qsl[-1] - 1]
+            self.lens[sid] = c + len(toks)
+        dev = self.device
+        sids = torch.tensor([s for s, _ in chunks], dtype=torch.int64)
+        bt = (sids[:, None] * self.max_blocks + torch.arange(self.max_blocks)[None]).to(torch.int32)
+        tok_seq = torch.repeat_interleave(sids, torch.tensor([len(t) for _, t in chunks]))
+        p = torch.tensor(pos, dtype=torch.int64)
+        slots = tok_seq * self.max_blocks * self.P + p
+        return ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev), positions=p.to(dev),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            context_lens=torch.tensor(ctx, dtype=torch.int32, device=dev),
+            block_tables={g.name: bt.to(dev) for g in self.groups},
+            slot_mapping={g.name: slots.to(dev) for g in self.groups if g.kind != "compressed"},
+            logits_indices=torch.tensor(rows, dtype=torch.int64, device=dev), tokens_per_block=self.P,
+            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens, context_lens_cpu=ctx)
