@@ -1,0 +1,73 @@
+"""What the Ascend platform claims per op, under which settings. Nothing here has been measured on
+an NPU: every claim is what the mapping should give if the kernels behave as documented, and is
+what `shuili conformance run --platform ascend` on a 950 host must confirm."""
+from __future__ import annotations
+
+from shuili.hal.capabilities import DeterminismLevel as L, DtypeSupport, OpCapability, PlatformCapabilities
+
+_FLOAT = tuple(DtypeSupport(name=n) for n in ("bfloat16", "float16", "float32"))
+_WEIGHTS = (DtypeSupport(name="dense"), DtypeSupport(name="fp8_block128", support="emulated"),
+            DtypeSupport(name="mxfp4", support="emulated"))
+_KV = (DtypeSupport(name="mxfp8"), DtypeSupport(name="fp4_e4m3", support="emulated"),
+       DtypeSupport(name="mxfp4", support="emulated"))
+_KV_READ = (DtypeSupport(name="none"),) + _KV
+
+# op -> (kernel, how it behaves): "row" kernels compute each row alone (norm, gating, elementwise,
+# per-query host code); "split" kernels tile across rows / KV in batch-dependent ways and are
+# replaced by fixed-tile torch paths in batch-invariant mode; "host" runs the reference on the CPU.
+KERNELS = {
+    "linear": ("torch matmul; 16-row tiles in batch-invariant mode", "split"),
+    "grouped_linear": ("npu_grouped_matmul; per-expert 16-row tiles in batch-invariant mode", "split"),
+    "moe_experts": ("npu_moe_init_routing_v2 + npu_grouped_matmul + npu_moe_token_unpermute", "split"),
+    "rms_norm": ("npu_rms_norm", "row"),
+    "add_rms_norm": ("npu_add_rms_norm; add + npu_rms_norm in batch-invariant mode", "split"),
+    "rope": ("npu_rotary_mul (half / interleave)", "elementwise"),
+    "swiglu": ("npu_swiglu; torch with a limit", "elementwise"),
+    "embedding": ("torch embedding", "elementwise"),
+    "hc_split_sinkhorn": ("torch (per-row)", "row"),
+    "moe_route_topk": ("npu_moe_gating_top_k (sigmoid/softmax), renorm in Python; torch otherwise", "row"),
+    "moe_route_hash": ("npu_moe_gating_top_k hash mode (sigmoid/softmax); torch otherwise", "row"),
+    "kv_quantize": ("npu_dynamic_mx_quant scale_alg=1 (mxfp8, 950); host torch for fp4", "row"),
+    "kv_dequantize": ("torch (mxfp8); host torch for fp4", "elementwise"),
+    "cache_write": ("npu_scatter_pa_kv_cache cache_mode=Norm", "elementwise"),
+    "paged_attention": ("npu_fused_infer_attention_score(_v2) TND paged, sparse_mode 3/4", "split"),
+    "sparse_attention": ("host torch (no torch_npu op for V4 compressed attention)", "host"),
+    "indexer_topk": ("npu_lightning_indexer, one batch entry per query", "split"),
+    "log_softmax": ("host torch", "host"),
+    "apply_penalties": ("host torch", "host"),
+    "sample": ("host torch", "host"),
+    "all_reduce": ("HCCL; rank-ordered sum when deterministic", "collective"),
+    "all_gather": ("HCCL all_gather", "collective"),
+}
+_FORMATS = {"linear": _WEIGHTS, "grouped_linear": _WEIGHTS, "moe_experts": _WEIGHTS,
+            "kv_quantize": _KV, "kv_dequantize": _KV, "sparse_attention": _KV_READ,
+            "indexer_topk": _KV_READ}
+
+
+def _level(kind: str, config) -> tuple[L, str | None]:
+    det = config.deterministic or config.batch_invariant
+    if kind == "host":  # the reference implementation itself, on the CPU, on copied inputs
+        return L.portable_bitwise, None
+    if kind == "elementwise":  # no reduction across rows
+        return L.batch_invariant, None
+    if not det:
+        return L.none, None
+    if kind == "row":
+        return L.batch_invariant, "deterministic"
+    if kind == "split":
+        if config.batch_invariant:
+            return L.batch_invariant, "batch_invariant"
+        return L.run_to_run, "deterministic"
+    return L.run_to_run, "deterministic"  # collectives: HCCL_DETERMINISTIC / rank-ordered sum
+
+
+def capabilities(config, family: str = "950") -> PlatformCapabilities:
+    ops = {}
+    for name, (kernel, kind) in KERNELS.items():
+        level, needs = _level(kind, config)
+        dtypes = _FLOAT  # paged_attention / indexer_topk reach the NPU kernel only for fp16/bf16
+        ops[name] = OpCapability(dtypes=dtypes, formats=_FORMATS.get(name, ()), determinism=level,
+                                 determinism_requires=needs,
+                                 notes=f"{kernel}; unverified on NPU hardware")
+    return PlatformCapabilities(ops=ops, compute_dtypes=("bfloat16", "float16"), graph_capture=True,
+                                collectives_backend="hccl", device_type="npu")

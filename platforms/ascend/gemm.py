@@ -1,0 +1,168 @@
+"""linear, grouped_linear and the routed experts (npu_moe_init_routing_v2 + npu_grouped_matmul +
+npu_moe_token_unpermute), plus expert selection through npu_moe_gating_top_k.
+
+Quantized weights (fp8_block128, mxfp4) are dequantized once per Weight object to the activation
+dtype (cached; costs that memory) because the HAL contract keeps activations unquantized; the
+native MXFP8/MXFP4 GEMM (npu_dynamic_mx_quant + npu_quant_matmul) would quantize activations and is
+not wired (see docs/platforms/ascend.md).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from shuili.hal.types import Weight
+from shuili.platforms.ascend.host import took
+
+TILE = 16  # batch-invariant mode: every matmul has exactly TILE rows
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_DENSE: "weakref.WeakKeyDictionary[Weight, dict]" = weakref.WeakKeyDictionary()
+
+
+def dense_weight(w: Weight, dtype: torch.dtype) -> torch.Tensor:
+    """Logical weight ([N, K] or [E, N, K]) in `dtype`, on the weight's device."""
+    if not isinstance(w, Weight):
+        raise TypeError(f"expected a shuili.hal.types.Weight, got {type(w).__name__}")
+    if w.format == "dense":
+        return w.data if w.data.dtype == dtype else w.data.to(dtype)
+    per = _DENSE.setdefault(w, {})
+    if dtype not in per:
+        from shuili.platforms.reference.quant import dequantize_weight
+
+        per[dtype] = dequantize_weight(w).to(dtype).contiguous()
+    return per[dtype]
+
+
+def tiled_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w[N, K]^T as matmuls of exactly TILE zero-padded rows: a row's bits depend only
+    on itself, provided the device matmul is deterministic for a fixed shape."""
+    m = x.shape[0]
+    padded = -(-m // TILE) * TILE
+    xp = torch.zeros(padded, x.shape[1], dtype=x.dtype, device=x.device)
+    xp[:m] = x
+    out = torch.empty(padded, w.shape[0], dtype=x.dtype, device=x.device)
+    for i in range(0, padded, TILE):
+        out[i:i + TILE] = torch.nn.functional.linear(xp[i:i + TILE], w)
+    return out[:m]
+
+
+def _scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    x = logits.to(torch.float32)
+    if scoring == "sigmoid":
+        return torch.sigmoid(x)
+    if scoring == "softmax":
+        return torch.softmax(x, dim=-1)
+    if scoring == "sqrtsoftplus":
+        return torch.sqrt(torch.nn.functional.softplus(x))
+    raise ValueError(f"unknown scoring {scoring!r}; use sqrtsoftplus, softmax or sigmoid")
+
+
+def _finish(w: torch.Tensor, renormalize: bool, scaling: float) -> torch.Tensor:
+    w = w.to(torch.float32)
+    if renormalize:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    return w * scaling
+
+
+def build(api, mode) -> dict:
+    npu = api.ops
+
+    def _gating_fits(logits, topk, scoring):
+        e = logits.shape[-1]
+        return (scoring in ("sigmoid", "softmax") and logits.dim() == 2 and logits.dtype in FLOATS
+                and 2 < e <= 2048 and 1 <= topk <= e)
+
+    def moe_route_topk(logits, bias, topk, scoring, renormalize, scaling):
+        if _gating_fits(logits, topk, scoring):
+            took("moe_route_topk:npu_moe_gating_top_k")
+            _, ids, norm = npu.npu_moe_gating_top_k(
+                x=logits, k=topk, bias=None if bias is None else bias.to(logits.dtype), k_group=1,
+                group_count=1, group_select_mode=0, renorm=0,
+                norm_type=1 if scoring == "sigmoid" else 0, out_flag=True,
+                routed_scaling_factor=1.0, eps=1e-20)
+            ids = ids.to(torch.int64)
+            # only renorm=0 exists and norm_type 1 always renormalises: weights come from normOut
+            return _finish(norm.gather(1, ids), renormalize, scaling), ids
+        took("moe_route_topk:torch")
+        s = _scores(logits, scoring)
+        sel = s if bias is None else s + bias.to(torch.float32)
+        ids = torch.argsort(-sel, dim=-1, stable=True)[:, :topk]
+        return _finish(s.gather(1, ids), renormalize, scaling), ids
+
+    def moe_route_hash(logits, token_ids, tid2eid, scoring, renormalize, scaling):
+        k = tid2eid.shape[1]
+        if _gating_fits(logits, k, scoring):
+            took("moe_route_hash:npu_moe_gating_top_k")
+            _, ids, norm = npu.npu_moe_gating_top_k(
+                x=logits, k=k, input_ids=token_ids, tid2eid=tid2eid, renorm=0,
+                norm_type=1 if scoring == "sigmoid" else 0, out_flag=True,
+                routed_scaling_factor=1.0, eps=1e-20)
+            ids = ids.to(torch.int64)
+            return _finish(norm.gather(1, ids), renormalize, scaling), ids
+        took("moe_route_hash:torch")
+        ids = tid2eid.to(torch.int64)[token_ids.to(torch.int64)]
+        return _finish(_scores(logits, scoring).gather(1, ids), renormalize, scaling), ids
+
+    def linear(x, w, bias=None):
+        wd = dense_weight(w, x.dtype)
+        if wd.dim() != 2 or x.dim() != 2:
+            raise ValueError(f"linear takes x [T, K] and a 2D weight, got {tuple(x.shape)} / "
+                             f"{tuple(wd.shape)}")
+        if mode.batch_invariant:
+            took("linear:tiled")
+            y = tiled_linear(x, wd)
+        else:
+            took("linear:matmul")
+            y = torch.nn.functional.linear(x, wd)
+        return y if bias is None else (y.to(torch.float32) + bias.to(torch.float32)).to(x.dtype)
+
+    def _grouped(x, wd, sizes):
+        if mode.batch_invariant or wd.shape[0] > 1024 or x.dtype not in FLOATS:
+            took("grouped:tiled")
+            out = torch.empty(x.shape[0], wd.shape[1], dtype=x.dtype, device=x.device)
+            start = 0
+            for e, c in enumerate(sizes.tolist()):
+                if c:
+                    out[start:start + c] = tiled_linear(x[start:start + c], wd[e])
+                start += c
+            return out
+        took("grouped:npu_grouped_matmul")
+        return npu.npu_grouped_matmul(x=[x], weight=[wd.transpose(1, 2)],
+                                      group_list=sizes.to(torch.int64), split_item=2,
+                                      group_type=0, group_list_type=1)[0]
+
+    def grouped_linear(x, w, group_sizes):
+        wd = dense_weight(w, x.dtype)
+        if wd.dim() != 3 or group_sizes.shape != (wd.shape[0],):
+            raise ValueError(f"grouped_linear needs W [E, N, K] and group_sizes [E], got "
+                             f"{tuple(wd.shape)} / {tuple(group_sizes.shape)}")
+        if int(group_sizes.sum()) != x.shape[0] or bool((group_sizes < 0).any()):
+            raise ValueError(f"group_sizes {group_sizes.tolist()} must be >= 0 and sum to {x.shape[0]}")
+        return _grouped(x, wd, group_sizes)
+
+    def moe_experts(x, topk_ids, topk_weights, w13, w2, swiglu_limit=None):
+        t, k = topk_ids.shape
+        e = w13.shape[0]
+        if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= e):
+            raise ValueError(f"expert ids outside [0, {e}): {topk_ids.min().item()}..{topk_ids.max().item()}")
+        if t == 0:
+            return torch.zeros(0, x.shape[1], dtype=x.dtype, device=x.device)
+        took("moe_experts:npu_moe_init_routing_v2")
+        ex, row_idx, counts, _ = npu.npu_moe_init_routing_v2(
+            x=x, expert_idx=topk_ids.to(torch.int32), active_num=t * k, expert_num=e,
+            expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=-1,
+            active_expert_range=[0, e])
+        h = _grouped(ex, dense_weight(w13, x.dtype), counts)
+        g, u = h.to(torch.float32).chunk(2, dim=-1)
+        if swiglu_limit is not None:
+            g = g.clamp(max=swiglu_limit)
+            u = u.clamp(-swiglu_limit, swiglu_limit)
+        a = (torch.nn.functional.silu(g) * u).to(x.dtype)
+        o = _grouped(a, dense_weight(w2, x.dtype), counts)
+        # unpermute sums each token's k rows in j order (documented as deterministic)
+        return npu.npu_moe_token_unpermute(permuted_tokens=o, sorted_indices=row_idx,
+                                           probs=topk_weights.to(o.dtype))
+
+    return {"linear": linear, "grouped_linear": grouped_linear, "moe_experts": moe_experts,
+            "moe_route_topk": moe_route_topk, "moe_route_hash": moe_route_hash}

@@ -1,0 +1,102 @@
+"""RMSNorm, fused add + RMSNorm, rotary embedding, SwiGLU, embedding and the mHC coefficients."""
+from __future__ import annotations
+
+import torch
+
+from shuili.platforms.ascend.host import took
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def build(api, mode) -> dict:
+    npu = api.ops
+    ones: dict = {}
+
+    def _gamma(weight, x):
+        if weight is not None:
+            return weight.to(x.dtype)
+        key = (x.shape[-1], x.dtype, x.device)
+        if key not in ones:
+            ones[key] = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+        return ones[key]
+
+    def rms_norm(x, weight, eps):
+        if x.dtype not in FLOATS:
+            raise TypeError(f"rms_norm needs a float input, got {x.dtype}")
+        took("rms_norm:npu_rms_norm")
+        return npu.npu_rms_norm(input=x, gamma=_gamma(weight, x), epsilon=float(eps))[0]
+
+    def add_rms_norm(x, residual, weight, eps):
+        if residual.dtype != x.dtype or residual.shape != x.shape:
+            raise ValueError(f"add_rms_norm: residual {residual.dtype}{tuple(residual.shape)} must "
+                             f"match x {x.dtype}{tuple(x.shape)}")
+        if mode.batch_invariant:
+            # the fused kernel's tiling is not documented as row-independent: split it
+            took("add_rms_norm:add+npu_rms_norm")
+            s = x + residual
+            return rms_norm(s, weight, eps), s
+        took("add_rms_norm:npu_add_rms_norm")
+        y, _, s = npu.npu_add_rms_norm(x1=x, x2=residual, gamma=_gamma(weight, x), epsilon=float(eps))
+        return y, s
+
+    def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False):
+        t, h, d = x.shape
+        if rope_dim <= 0 or rope_dim > d or rope_dim % 2:
+            raise ValueError(f"rope_dim {rope_dim} must be even and in (0, {d}]")
+        if cos.shape[-1] * 2 != rope_dim or sin.shape != cos.shape:
+            raise ValueError(f"cos/sin tables {tuple(cos.shape)} must be [max_pos, {rope_dim // 2}]")
+        pos = positions.to(torch.int64)
+        c, s = cos[pos], sin[pos]
+        if inverse:
+            s = -s
+        if interleaved:
+            r1, r2, mode_ = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1), "interleave"
+        else:
+            r1, r2, mode_ = torch.cat((c, c), -1), torch.cat((s, s), -1), "half"
+        r1 = r1.to(x.dtype).view(1, t, 1, rope_dim)
+        r2 = r2.to(x.dtype).view(1, t, 1, rope_dim)
+        xr = x[..., d - rope_dim:].unsqueeze(0).contiguous()  # [1, T, H, rope_dim] (BSND)
+        took("rope:npu_rotary_mul")
+        y = npu.npu_rotary_mul(input=xr, r1=r1, r2=r2, rotary_mode=mode_).squeeze(0)
+        if rope_dim == d:
+            return y
+        return torch.cat((x[..., : d - rope_dim], y), dim=-1)
+
+    def swiglu(gate_up, limit=None):
+        if limit is None and gate_up.dtype in FLOATS:
+            took("swiglu:npu_swiglu")
+            return npu.npu_swiglu(input=gate_up, dim=-1)
+        # npu_clipped_swiglu is the gpt-oss variant (alpha, +1 bias): not this formula
+        took("swiglu:torch")
+        g, u = gate_up.to(torch.float32).chunk(2, dim=-1)
+        g = g.clamp(max=limit)
+        u = u.clamp(-limit, limit)
+        return (torch.nn.functional.silu(g) * u).to(gate_up.dtype)
+
+    def embedding(ids, table):
+        v = table.shape[0]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= v):
+            raise ValueError(f"token ids outside [0, {v}): min {int(ids.min())}, max {int(ids.max())}")
+        took("embedding:torch")
+        return torch.nn.functional.embedding(ids.to(torch.int64), table)
+
+    def hc_split_sinkhorn(mix, scale, base, hc_mult, iters, eps):
+        m = hc_mult
+        if mix.shape[-1] != m * (m + 2):
+            raise ValueError(f"mix has {mix.shape[-1]} columns, hc_mult {m} needs {m * (m + 2)}")
+        took("hc_split_sinkhorn:torch")
+        mix = mix.to(torch.float32)
+        scale = scale.to(torch.float32)
+        base = base.to(torch.float32)
+        pre = torch.sigmoid(mix[:, :m] * scale[0] + base[:m]) + eps
+        post = 2 * torch.sigmoid(mix[:, m:2 * m] * scale[1] + base[m:2 * m])
+        logits = mix[:, 2 * m:].view(-1, m, m) * scale[2] + base[2 * m:].view(m, m)
+        comb = torch.softmax(logits, dim=-1) + eps
+        comb = comb / (comb.sum(-2, keepdim=True) + eps)
+        for _ in range(iters - 1):
+            comb = comb / (comb.sum(-1, keepdim=True) + eps)
+            comb = comb / (comb.sum(-2, keepdim=True) + eps)
+        return pre, post, comb
+
+    return {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope": rope, "swiglu": swiglu,
+            "embedding": embedding, "hc_split_sinkhorn": hc_split_sinkhorn}

@@ -1,0 +1,39 @@
+"""The Ascend op table: every HAL op bound to one NpuApi (real torch_npu or the simulator)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shuili.hal.ops import OP_NAMES
+from shuili.platforms.ascend import attention, collectives, gemm, indexer, kv, norm_rope
+from shuili.platforms.ascend.host import on_host
+
+# no torch_npu op covers these (vllm-ascend samples with plain torch on 950, too)
+HOST_OPS = ("log_softmax", "apply_penalties", "sample")
+
+
+@dataclass(frozen=True)
+class Mode:
+    batch_invariant: bool = False
+    deterministic: bool = False
+    family: str = "950"
+
+    @property
+    def is_950(self) -> bool:
+        return self.family == "950"
+
+
+def mode_for(config, family: str = "950") -> Mode:
+    return Mode(batch_invariant=config.batch_invariant, deterministic=config.deterministic,
+                family=family)
+
+
+def build_ops(api, mode: Mode) -> dict:
+    table: dict = {}
+    for module in (norm_rope, gemm, attention, indexer, kv, collectives):
+        table.update(module.build(api, mode))
+    for name in HOST_OPS:
+        table[name] = on_host(name)
+    missing = [n for n in OP_NAMES if n not in table]
+    if missing:
+        raise RuntimeError(f"the Ascend op table lacks {missing}")
+    return table
