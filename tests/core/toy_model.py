@@ -3,7 +3,8 @@
 Layer 0 attends over everything (group "full"), layer 1 over the last `window` tokens (group
 "swa"), so both KV group kinds are exercised. Byte-level tokenizer: ids 0..255 are bytes,
 256 = EOS. `nan_token`: any sequence whose step inputs contain it gets NaN logits (for the
-per-request error tests).
+per-request error tests). `naive_linear`: plain torch matmuls instead of the HAL op, the
+negative control of the invariance tests.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class ToyModel:
     name = "toy"
 
     def __init__(self, ops, device="cpu", dtype="float32", seed=0, hidden=32, heads=4, kv_heads=2,
-                 window=8, max_model_len=256, nan_token: int | None = None):
+                 window=8, max_model_len=256, nan_token: int | None = None, naive_linear: bool = False):
         self.ops, self.device = ops, device
         self.tokenizer = ByteTokenizer()
         self.vocab_size = ByteTokenizer.vocab_size
@@ -38,6 +39,8 @@ class ToyModel:
         self.H, self.KVH, self.D = heads, kv_heads, hidden // heads
         self.window = window
         self.nan_token = nan_token
+        if naive_linear:  # the negative control: torch's CPU GEMM is not batch-invariant
+            self.ops = _NaiveOps(ops)
         g = torch.Generator().manual_seed(seed)
 
         def w(*shape, scale=1.0):
@@ -107,6 +110,18 @@ class ToyModel:
                 bad_rows.update(range(qsl[b], qsl[b + 1]))
         mask = torch.tensor([int(r) in bad_rows for r in batch.logits_indices.tolist()], dtype=torch.bool)
         return torch.where(mask[:, None], torch.full_like(logits, float("nan")), logits)
+
+
+class _NaiveOps:
+    def __init__(self, ops):
+        self._ops = ops
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+    @staticmethod
+    def linear(x, w, bias=None):
+        return x @ w.data.t()
 
 
 def factory(**kw):

@@ -1,0 +1,71 @@
+"""Shared fixtures for the core engine tests: the toy model, workloads and bitwise comparison."""
+from __future__ import annotations
+
+import os
+import random
+import struct
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+# tiny GEMMs: threads only add contention (and results do not depend on the count)
+torch.set_num_threads(1)
+
+from toy_model import factory  # noqa: E402
+
+from shuili import LLM, SamplingParams  # noqa: E402
+
+
+def make_llm(model_kw=None, **engine_kw) -> LLM:
+    kw = dict(tokens_per_block=4, num_blocks=256, max_num_batched_tokens=64, max_num_seqs=32)
+    kw.update(engine_kw)
+    return LLM(model=factory(**(model_kw or {})), platform="reference", **kw)
+
+
+def bits(out) -> tuple:
+    """A request's result as comparable bits: token ids and the raw float32 logprob bytes."""
+    return (tuple(out.token_ids), tuple(struct.pack("<f", x) for x in out.logprobs), out.finish_reason)
+
+
+def workload(n: int, seed: int = 0, shared_prefix: str = "") -> tuple[list[str], list[SamplingParams]]:
+    """n prompts of ragged lengths; a mix of greedy, plain and filtered sampling."""
+    rng = random.Random(seed)
+    prompts, params = [], []
+    for i in range(n):
+        body = "".join(rng.choice("abcdefghij klmnop") for _ in range(rng.randint(1, 30)))
+        prompts.append(shared_prefix + body)
+        kind = i % 4
+        if kind == 0:
+            p = SamplingParams(temperature=0.0, max_tokens=rng.randint(3, 10), ignore_eos=True)
+        elif kind == 1:
+            p = SamplingParams(temperature=1.0, seed=1000 + i, max_tokens=rng.randint(3, 10), ignore_eos=True)
+        elif kind == 2:
+            p = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=2000 + i,
+                               max_tokens=rng.randint(3, 10), ignore_eos=True)
+        else:
+            p = SamplingParams(temperature=0.9, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.3,
+                               frequency_penalty=0.2, seed=3000 + i, max_tokens=rng.randint(3, 10),
+                               ignore_eos=True)
+        params.append(p)
+    return prompts, params
+
+
+@pytest.fixture(scope="module")
+def solo_results():
+    """Each workload request run alone, one at a time, cold cache: the reference answers."""
+    cache = {}
+
+    def get(prompts, params, model_kw=None):
+        key = (tuple(prompts), tuple(p.model_dump_json() for p in params), repr(model_kw))
+        if key not in cache:
+            llm = make_llm(model_kw, enable_prefix_caching=False)
+            cache[key] = [bits(llm.generate([pr], [pa])[0]) for pr, pa in zip(prompts, params)]
+        return cache[key]
+
+    return get
+
+
+def check_engine(llm) -> None:
+    llm.engine.scheduler.check()
