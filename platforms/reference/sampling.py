@@ -27,8 +27,8 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     return z - numerics.log64(s).to(torch.float32)[:, None]
 
 
-def gumbel(seed: int, position: int, ids: torch.Tensor) -> torch.Tensor:
-    """float64 -log(-log(u)) with the position-independent log."""
+def gumbel(seed, position, ids) -> torch.Tensor:
+    """float64 -log(-log(u)) with the position-independent log, broadcast over the keys."""
     return -numerics.log64(-numerics.log64(noise.uniform(seed, position, ids)))
 
 
@@ -43,9 +43,11 @@ def apply_penalties(logits, token_counts, prompt_mask, repetition, presence, fre
     return lg.clone()
 
 
-def _first_argmax(x: torch.Tensor) -> int:
-    # lowest id among the maxima, independent of torch.argmax's tie behaviour
-    return int(torch.nonzero(x == x.max())[0, 0])
+def _first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x [B, V] -> int64 [B]: the lowest id among each row's maxima (exact, row-wise)."""
+    ids = torch.arange(x.shape[-1], dtype=torch.int64, device=x.device).expand(x.shape)
+    big = torch.full_like(ids, x.shape[-1])
+    return torch.where(x == x.amax(-1, keepdim=True), ids, big).amin(-1)
 
 
 def _keep_mask(lp: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
@@ -72,21 +74,22 @@ def _keep_mask(lp: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torc
 
 def sample(logits, temperature, top_k, top_p, min_p, seeds, positions):
     B, V = logits.shape
-    out = torch.empty(B, dtype=torch.int64)
-    ids = torch.arange(V, dtype=torch.int64)
-    temps, ks, ps, mps = temperature.tolist(), top_k.tolist(), top_p.tolist(), min_p.tolist()
-    sds, pos = seeds.tolist(), positions.tolist()
+    x = logits.to(torch.float32)
+    greedy = temperature == 0
+    best = _first_argmax(x)
+    if bool(greedy.all()):
+        return best
+    t = torch.where(greedy, torch.ones_like(temperature), temperature).to(torch.float32)
+    lp = log_softmax(x / t[:, None])
+    keep = torch.ones(B, V, dtype=torch.bool, device=x.device)
+    ks, ps, mps = top_k.tolist(), top_p.tolist(), min_p.tolist()
     for b in range(B):
-        row = logits[b].to(torch.float32).clone()
-        if temps[b] == 0.0:
-            out[b] = _first_argmax(row)
-            continue
-        lp = log_softmax((row / torch.tensor(temps[b], dtype=torch.float32))[None])[0]
-        keep = _keep_mask(lp, int(ks[b]), float(ps[b]), float(mps[b]))
-        score = lp.to(torch.float64) + gumbel(int(sds[b]), int(pos[b]), ids)
-        score = torch.where(keep, score, torch.tensor(float("-inf"), dtype=torch.float64))
-        out[b] = _first_argmax(score)
-    return out.to(logits.device)
+        if ks[b] > 0 or ps[b] < 1.0 or mps[b] > 0.0:
+            keep[b] = _keep_mask(lp[b], int(ks[b]), float(ps[b]), float(mps[b]))
+    ids = torch.arange(V, dtype=torch.int64, device=x.device)
+    g = gumbel(seeds.to(torch.int64)[:, None], positions.to(torch.int64)[:, None], ids[None])
+    score = torch.where(keep, lp.to(torch.float64) + g, torch.tensor(float("-inf"), dtype=torch.float64))
+    return torch.where(greedy, best, _first_argmax(score))
 
 
 SAMPLING_OPS = {"log_softmax": log_softmax, "apply_penalties": apply_penalties, "sample": sample}
