@@ -1,0 +1,161 @@
+"""Per-request errors never crash the engine; the public API (generate, stream, n, stop, config)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import bits, make_llm, workload
+from pydantic import ValidationError
+
+from shuili import LLM, RequestOutput, SamplingParams
+from shuili.core.config import EngineConfig
+
+PROMPTS, PARAMS = workload(6, seed=3)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return make_llm(max_model_len=64)
+
+
+def test_invalid_sampling_params_name_the_field():
+    with pytest.raises(ValidationError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValidationError, match="temperature"):
+        SamplingParams(temperature=-0.5)
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        SamplingParams(temprature=1.0)
+    with pytest.raises(ValidationError, match="seed"):
+        SamplingParams(seed=-1)
+
+
+def test_bad_requests_get_errors_and_others_run(llm, solo_results):
+    ref = solo_results(PROMPTS[:2], PARAMS[:2])
+    prompts = [PROMPTS[0], "", "x" * 80, [999999], PROMPTS[1]]
+    params = [PARAMS[0], PARAMS[0], PARAMS[0], PARAMS[0], PARAMS[1]]
+    outs = llm.generate(prompts, params)
+    assert [o.finish_reason for o in outs] == [PARAMS[0].max_tokens and "length", "error", "error", "error", "length"]
+    assert "empty prompt" in outs[1].error
+    assert "max_model_len" in outs[2].error and "shorten" in outs[2].error
+    assert "[0, 260)" in outs[3].error
+    assert bits(outs[0]) == ref[0] and bits(outs[4]) == ref[1]
+    llm.engine.scheduler.check()
+
+
+def test_nan_logits_finish_only_that_request(solo_results):
+    ref = solo_results(PROMPTS[:3], PARAMS[:3])
+    used = {t for r in ref for t in r[0]}
+    poison = next(t for t in (259, 258, 257, 255, 254) if t not in used)  # only the bad prompt has it
+    llm = make_llm({"nan_token": poison})
+    outs = llm.generate([PROMPTS[0], [111, 107, poison, 63], PROMPTS[1], PROMPTS[2]],
+                        [PARAMS[0], PARAMS[0], PARAMS[1], PARAMS[2]])
+    assert outs[1].finish_reason == "error" and "NaN" in outs[1].error
+    assert [bits(outs[i]) for i in (0, 2, 3)] == ref
+    llm.engine.scheduler.check()
+    assert all(u["used"] == 0 for u in llm.engine.kv.usage().values())
+
+
+def test_request_too_big_for_the_cache():
+    llm = make_llm(num_blocks=3)
+    (out,) = llm.generate(["abc"], SamplingParams(max_tokens=50))
+    assert out.finish_reason == "error" and "num_blocks" in out.error
+
+
+def test_outputs_in_input_order_with_n_and_seeds(llm):
+    p = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=6, ignore_eos=True)
+    outs = llm.generate(["one", "two"], p)
+    assert len(outs) == 6 and [o.prompt for o in outs] == ["one"] * 3 + ["two"] * 3
+    assert [o.seed for o in outs[:3]] == [11, 12, 13]
+    assert len({tuple(o.token_ids) for o in outs[:3]}) > 1
+    # any answer replays alone from its recorded seed
+    replay = llm.generate(["one"], p.model_copy(update={"n": 1, "seed": outs[1].seed}))[0]
+    assert bits(replay) == bits(outs[1])
+
+
+def test_unseeded_request_records_a_replayable_seed(llm):
+    p = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True)
+    first = llm.generate(["hello"], p)[0]
+    assert first.seed is not None
+    again = llm.generate(["hello"], p.model_copy(update={"seed": first.seed}))[0]
+    assert bits(again) == bits(first)
+
+
+def test_stream_yields_incremental_outputs(llm):
+    p = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    seen = list(llm.stream(["ab", "cd"], p))
+    final = {o.request_id: o for o in seen if o.finished}
+    assert len(final) == 2
+    lengths = [len(o.token_ids) for o in seen if o.request_id == next(iter(final))]
+    assert lengths == sorted(lengths) and lengths[-1] == 5
+    assert isinstance(seen[0], RequestOutput)
+
+
+def test_stop_strings_and_token_ids(llm):
+    base = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    (free,) = llm.generate(["stop test"], base)
+    assert len(free.token_ids) == 12
+    tok = free.token_ids[4]
+    (by_id,) = llm.generate(["stop test"], base.model_copy(update={"stop_token_ids": [tok]}))
+    assert by_id.finish_reason == "stop" and by_id.token_ids[-1] == tok
+    assert len(by_id.token_ids) == free.token_ids.index(tok) + 1
+    text = free.text
+    stop = text[3:5] if len(text) >= 5 and text[3:5].strip() else None
+    if stop:
+        (by_str,) = llm.generate(["stop test"], base.model_copy(update={"stop": [stop]}))
+        assert by_str.finish_reason == "stop" and stop not in by_str.text
+        assert text.startswith(by_str.text)
+
+
+def test_prompt_logprobs_match_decode_logprobs(llm):
+    """Decode == prefill: a generated token's logprob equals its prompt logprob on re-feeding."""
+    p = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    (gen,) = llm.generate(["perplexity"], p)
+    ids = gen.prompt_token_ids + gen.token_ids
+    (pl,) = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=True))
+    assert len(pl.prompt_logprobs) == len(ids) - 1
+    assert pl.prompt_logprobs[-6:] == gen.logprobs
+
+
+def test_abort_mid_generation(llm):
+    eng = llm.engine
+    r = eng.add_request("abort me", SamplingParams(max_tokens=30, ignore_eos=True))
+    eng.step()
+    out = eng.abort(r.request_id)
+    assert out.finish_reason == "abort" and out.finished
+    assert not eng.has_unfinished()
+    eng.scheduler.check()
+
+
+def test_chat_template_only_when_asked(llm):
+    p = SamplingParams(temperature=0.0, max_tokens=1)
+    plain = llm.generate(["hi"], p)[0]
+    chat = llm.generate(["hi"], p, apply_chat_template=True)[0]
+    assert plain.prompt_token_ids == list(b"hi")
+    assert chat.prompt_token_ids == list(b"<user>hi<bot>")
+
+
+def test_engine_config_from_json_and_toml(tmp_path):
+    j = tmp_path / "c.json"
+    j.write_text(json.dumps({"model": "tiny-v4", "platform": "reference", "max_num_seqs": 3}))
+    t = tmp_path / "c.toml"
+    t.write_text('model = "tiny-v4"\nmax_num_batched_tokens = 99\npolicy = "priority"\n'
+                 '[platform]\nplatform = "reference"\n')
+    a = EngineConfig.from_file(str(j))
+    b = EngineConfig.from_file(str(t), max_num_seqs=5)
+    assert a.max_num_seqs == 3 and a.platform.platform == "reference"
+    assert b.max_num_batched_tokens == 99 and b.policy == "priority" and b.max_num_seqs == 5
+    with pytest.raises(ValidationError, match="max_num_seqs"):
+        EngineConfig(max_num_seqs=0)
+    with pytest.raises(ValidationError):
+        EngineConfig(polcy="fcfs")
+
+
+def test_max_model_len_above_the_model_is_refused():
+    with pytest.raises(ValueError, match="exceeds the model's limit"):
+        make_llm(max_model_len=10_000)
+
+
+def test_lazy_top_level_exports():
+    import shuili
+
+    assert shuili.LLM is LLM and shuili.SamplingParams is SamplingParams

@@ -1,0 +1,128 @@
+"""Scheduler without a model: budgets, chunking, admission, preemption, policies, abort."""
+from __future__ import annotations
+
+import pytest
+
+from shuili import SamplingParams
+from shuili.core.kv_cache import KVCacheManager
+from shuili.core.model_api import CacheGroupSpec
+from shuili.core.request import Request, Status
+from shuili.core.scheduler import Scheduler
+
+P = 4
+FULL = CacheGroupSpec(name="full", kind="full", layers=(0,), entry_shape=(1,))
+
+
+def make(num_blocks=64, budget=16, max_seqs=8, policy="fcfs", max_len=256):
+    kv = KVCacheManager([FULL], num_blocks, P)
+    return Scheduler(kv, max_seqs, budget, max_len, policy)
+
+
+def add(s, n_prompt, max_tokens=4, priority=0, rid=None):
+    r = Request(rid or f"r{len(s.requests)}-{s.next_arrival()}", list(range(1, n_prompt + 1)),
+                SamplingParams(max_tokens=max_tokens), 0, s.next_arrival(), priority)
+    s.add(r)
+    return r
+
+
+def finish_step(s, out):
+    """Stand-in for the engine: resolve each sample to token 7, finish at max_tokens."""
+    for c in out.chunks:
+        if s.chunk_is_current(c):
+            s.kv.publish(c.req, c.end)
+        if c.sample and s.chunk_is_current(c):
+            c.req.num_placeholders -= 1
+            c.req.output_token_ids.append(7)
+            if len(c.req.output_token_ids) >= c.req.params.max_tokens:
+                s.finish(c.req, "length")
+    s.check()
+
+
+def test_budget_and_chunked_prefill():
+    s = make(budget=10)
+    a, b = add(s, 7), add(s, 9)
+    out = s.schedule()
+    assert [(c.req, c.num_tokens, c.sample) for c in out.chunks] == [(a, 7, True), (b, 3, False)]
+    finish_step(s, out)
+    out = s.schedule()  # running first: a decodes, b continues its prompt
+    assert [(c.req, c.start, c.num_tokens) for c in out.chunks] == [(a, 7, 1), (b, 3, 6)]
+    assert out.num_tokens <= 10
+    finish_step(s, out)
+
+
+def test_max_num_seqs():
+    s = make(budget=100, max_seqs=2)
+    for _ in range(4):
+        add(s, 3)
+    out = s.schedule()
+    assert len(out.chunks) == 2 and len(s.running) == 2
+
+
+def test_preemption_and_no_admission_in_that_step():
+    s = make(num_blocks=5, budget=64)
+    a, b = add(s, 8, max_tokens=8), add(s, 8, max_tokens=8)
+    finish_step(s, s.schedule())  # a and b use 2 blocks each (+1 free)
+    c = add(s, 2)
+    out = s.schedule()  # decode: a needs block 3 -> takes the free one; b needs one -> preempts
+    assert out.preempted == [b] and b.status is Status.WAITING and b.num_computed_tokens == 0
+    assert c.status is Status.WAITING  # no admission in a step that preempted
+    assert [ch.req for ch in out.chunks] == [a]
+    finish_step(s, out)
+
+
+def test_forced_preempt_and_recompute_keeps_outputs():
+    s = make()
+    a = add(s, 5, max_tokens=6)
+    finish_step(s, s.schedule())
+    finish_step(s, s.schedule())
+    s.preempt(a.request_id)
+    out = s.schedule()
+    assert out.preempted == [a]
+    out = s.schedule()  # readmitted: recompute prompt + the 2 outputs, then sample the third
+    (ch,) = out.chunks
+    assert ch.start == 4 and ch.end == 7 and ch.sample  # 4 = the prefix-cache hit (one block)
+    with pytest.raises(ValueError, match="not running"):
+        s.preempt("nope")
+
+
+def test_priority_policy_order_and_victim():
+    s = make(num_blocks=6, budget=64, policy="priority")
+    lo = add(s, 8, max_tokens=8, priority=5)
+    hi = add(s, 8, max_tokens=8, priority=0)
+    out = s.schedule()
+    assert [c.req for c in out.chunks] == [hi, lo]  # lower value runs first
+    finish_step(s, out)
+    finish_step(s, s.schedule())
+    add(s, 4, priority=1)
+    for _ in range(6):
+        out = s.schedule()
+        if out.preempted:
+            break
+        finish_step(s, out)
+    assert out.preempted and out.preempted[0] is lo  # the lowest priority is the victim
+
+
+def test_abort_anywhere_frees_blocks():
+    s = make(budget=6)
+    a, b, c = add(s, 10), add(s, 10), add(s, 10)
+    out = s.schedule()
+    s.abort(a.request_id)  # running, mid-prefill, with a step in flight
+    s.abort(c.request_id)  # still waiting
+    finish_step(s, out)
+    assert not s.chunk_is_current(out.chunks[0])
+    while s.has_unfinished():
+        finish_step(s, s.schedule())
+    assert a.finish_reason == "abort" and c.finish_reason == "abort" and b.finish_reason == "length"
+    assert all(u["used"] == 0 for u in s.kv.usage().values())
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="fcfs"):
+        make(policy="lifo")
+
+
+def test_duplicate_request_id_is_refused():
+    s = make()
+    add(s, 3, rid="x")
+    with pytest.raises(ValueError, match="already in use"):
+        add(s, 3, rid="x")
