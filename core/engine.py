@@ -55,6 +55,7 @@ class Engine:
         self._ids = itertools.count()
         self.eos = tuple(self.tokenizer.eos_token_ids)
         self.num_steps = 0
+        self.schedule_seconds = 0.0  # host time inside Scheduler.schedule (bench reports it per step)
 
     @staticmethod
     def _max_len(config: EngineConfig, model) -> int:
@@ -138,7 +139,9 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One engine step; returns outputs of the requests that got a token or finished."""
         self.num_steps += 1
+        t0 = time.perf_counter()
         out = self.scheduler.schedule()
+        self.schedule_seconds += time.perf_counter() - t0
         prev = self._inflight[1] if self._inflight else None
         res = self._launch(out, prev) if out else None
         if not self.config.overlap:
