@@ -105,8 +105,8 @@ class V4Config(BaseModel):
     def layers_of(self, kind: AttnKind) -> tuple[int, ...]:
         return tuple(i for i, k in enumerate(self.attn_kinds) if k == kind)
 
-    def num_params(self) -> int:
-        """Parameter count of the main model plus MTP blocks (computed, not built)."""
+    def num_params(self, with_mtp: bool = True) -> int:
+        """Parameter count of the main model (plus the MTP blocks), computed, not built."""
         d, h, hd = self.hidden_size, self.num_attention_heads, self.head_dim
         m = self.hc_mult
         hc = (m * (m + 2)) * m * d + m * (m + 2) + 3
@@ -127,7 +127,7 @@ class V4Config(BaseModel):
 
         total = sum(block(k) for k in self.attn_kinds)
         total += self.vocab_size * d * (1 if self.tie_word_embeddings else 2) + d + m * m * d + m + 1
-        total += self.num_nextn_predict_layers * (block("swa") + 2 * d * d + 3 * d + m * m * d + m + 1)
+        total += with_mtp * self.num_nextn_predict_layers * (block("swa") + 2 * d * d + 3 * d + m * m * d + m + 1)
         return total
 
     # ------------------------------------------------------------------ HF config.json
