@@ -1,0 +1,96 @@
+"""Cross-host lock (link-count protocol), atomic writes, baseline comparison."""
+import json
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+
+from shuili.conformance import baselines
+from shuili.conformance.lock import HostSafeLock, LockTimeout, atomic_write
+
+
+def _hold(path, counter, n):
+    for _ in range(n):
+        with HostSafeLock(path, timeout=60):
+            v = int(open(counter).read())
+            time.sleep(0.001)
+            atomic_write(counter, str(v + 1))
+
+
+def test_lock_serialises_processes(tmp_path):
+    counter = tmp_path / "count"
+    counter.write_text("0")
+    lock = str(tmp_path / "l.lock")
+    procs = [mp.get_context("fork").Process(target=_hold, args=(lock, str(counter), 15)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert counter.read_text() == "45"  # no lost update: the read-modify-write was exclusive
+    assert not os.path.exists(lock)
+    assert [f for f in os.listdir(tmp_path) if f.startswith("l.lock")] == []
+
+
+def test_lock_times_out_naming_holder_and_breaks_dead_holder(tmp_path):
+    path = str(tmp_path / "x.lock")
+    held = HostSafeLock(path).acquire()
+    with pytest.raises(LockTimeout, match="held by"):
+        HostSafeLock(path, timeout=0.2).acquire()
+    held.release()
+    # a holder on this host whose process is gone is broken at once
+    json.dump({"host": held.host, "pid": 2 ** 22 + 12345, "token": "dead"}, open(path, "w"))
+    with HostSafeLock(path, timeout=5) as lk:
+        assert lk.held
+    assert not os.path.exists(path)
+
+
+def test_lock_breaks_stale_lock_by_age(tmp_path):
+    path = str(tmp_path / "y.lock")
+    json.dump({"host": "another-host", "pid": 1, "token": "old"}, open(path, "w"))
+    old = time.time() - 7200
+    os.utime(path, (old, old))
+    with HostSafeLock(path, timeout=5, stale_after=60) as lk:
+        assert lk.held
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    p = tmp_path / "b.json"
+    atomic_write(str(p), "one")
+    atomic_write(str(p), "two")
+    assert p.read_text() == "two"
+    assert os.listdir(tmp_path) == ["b.json"]
+
+
+def _body(tokens, lps, platform="reference"):
+    return {"platform": platform, "workload": "w",
+            "modes": {"greedy": {"samples": [baselines.sample_record([1, 2, 3], tokens, lps)]}}}
+
+
+def test_baseline_roundtrip_and_compare(tmp_path):
+    root = str(tmp_path)
+    fp = {"platform": "reference", "torch": "x", "sha256": "aaaa"}
+    cur = _body([5, 6], [-1.5, -0.25])
+    assert baselines.compare(None, cur, fp, "baseline.w", root).status == "skip"
+    data = baselines.build("reference", "w", {m: v["samples"] for m, v in cur["modes"].items()},
+                           {"fingerprint": fp, "created": "now"})
+    path = baselines.update(root, data)
+    assert path == os.path.join(root, "reference", "w.json")
+    locked = baselines.load(root, "reference", "w")
+    assert baselines.compare(locked, cur, fp, "baseline.w", root).status == "pass"
+    # one ulp in one logprob: same tokens, other bits
+    ulp = _body([5, 6], [-1.5, -0.25000003])
+    res = baselines.compare(locked, ulp, fp, "baseline.w", root)
+    assert res.status == "fail" and "bits hash" in res.message
+    tok = baselines.compare(locked, _body([5, 7], [-1.5, -0.25]), fp, "baseline.w", root)
+    assert tok.status == "fail" and tok.divergence.where["step"] == 1
+    # another stack: bits not comparable, perplexity still held
+    other = dict(fp, torch="y", sha256="bbbb")
+    assert baselines.compare(locked, ulp, other, "baseline.w", root).status == "info"
+    assert baselines.compare(locked, _body([5, 6], [-3.0, -0.25]), other, "baseline.w", root).status == "fail"
+
+
+def test_baseline_names_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="cannot name a baseline file"):
+        baselines.path_for(str(tmp_path), "../etc", "w")
