@@ -1,9 +1,12 @@
 """GEMMs: linear, grouped_linear, moe_experts, all on one fixed-M tiled matmul.
 
-Batch invariance by construction: every torch.mm call has exactly TILE rows (zero-padded), the
-same weight layout, and a 64-byte aligned tile start, so a row's bits depend only on that row and
-the weight, never on its neighbours, the batch size or its place in the batch (tests/reference
-checks this). Quantized weights are dequantized to float32 once and cached per Weight object.
+Batch invariance by construction: every torch.mm call has exactly TILE rows (zero-padded), K
+zero-padded to a multiple of K_ALIGN, the same weight layout and a 64-byte aligned tile start, so
+a row's bits depend only on that row and the weight, never on its neighbours, the batch size or
+its place in the tile. Measured on MKL (torch 2.13 CPU, AVX512): without the K padding, shapes
+such as K = 7, N = 5 give a row different bits at different places in one 16-row tile (MKL's
+edge kernels); with K a multiple of 16 no tested shape does (tests/reference checks both).
+Quantized weights are dequantized to float32 once and cached per Weight object.
 """
 from __future__ import annotations
 
@@ -15,11 +18,14 @@ from shuili.hal.types import Weight
 from shuili.platforms.reference import numerics
 
 TILE = 16
+K_ALIGN = 16
 _DEQUANT_CACHE: "weakref.WeakKeyDictionary[Weight, torch.Tensor]" = weakref.WeakKeyDictionary()
 
 
 def weight_f32(w: Weight) -> torch.Tensor:
-    """The logical float32 weight ([N, K] or [E, N, K]), contiguous; cached for quantized formats."""
+    """The float32 weight ([N, K] or [E, N, K]); for quantized formats cached and already padded
+    along K to a multiple of K_ALIGN (zeros), which `tiled_matmul` accepts as is.
+    """
     if not isinstance(w, Weight):
         raise TypeError(f"expected a shuili.hal.types.Weight, got {type(w).__name__}; wrap dense "
                         "tensors with Weight.dense(t)")
@@ -29,20 +35,30 @@ def weight_f32(w: Weight) -> torch.Tensor:
     if cached is None:
         from shuili.platforms.reference.quant import dequantize_weight
 
-        cached = dequantize_weight(w).contiguous()
+        cached = _pad_k(dequantize_weight(w))
         _DEQUANT_CACHE[w] = cached
     return cached
 
 
+def _pad_k(w: torch.Tensor) -> torch.Tensor:
+    k = w.shape[-1]
+    if k % K_ALIGN == 0:
+        return w.contiguous()
+    return torch.nn.functional.pad(w, (0, K_ALIGN - k % K_ALIGN)).contiguous()
+
+
 def tiled_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w[N, K]^T in float32 as ceil(M / TILE) matmuls of exactly TILE rows -> [M, N]."""
+    """x [M, K] @ w[N, K]^T in float32 as ceil(M / TILE) matmuls of exactly TILE rows, K padded
+    with zeros to a multiple of K_ALIGN (w may come pre-padded) -> [M, N].
+    """
     m, k = x.shape
-    if w.shape[-1] != k:
+    if w.shape[-1] != k and w.shape[-1] != -(-k // K_ALIGN) * K_ALIGN:
         raise ValueError(f"x has {k} input features but the weight has {w.shape[-1]}")
-    n = w.shape[0]
+    w = _pad_k(w.to(torch.float32))
+    n, kp = w.shape
     padded = -(-m // TILE) * TILE
-    xp = torch.zeros(padded, k, dtype=torch.float32)
-    xp[:m] = x
+    xp = torch.zeros(padded, kp, dtype=torch.float32)
+    xp[:m, :k] = x
     out = torch.empty(padded, n, dtype=torch.float32)
     wt = w.t()
     for i in range(0, padded, TILE):
@@ -56,10 +72,12 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torc
     """
     wf = weight_f32(w)
     if wf.dim() != 2:
-        raise ValueError(f"linear needs a 2D weight, got logical shape {tuple(wf.shape)}; "
+        raise ValueError(f"linear needs a 2D weight, got logical shape {tuple(w.shape)}; "
                          "use grouped_linear for [E, N, K]")
     if x.dim() != 2:
         raise ValueError(f"linear takes x [T, K], got shape {tuple(x.shape)}; flatten tokens first")
+    if x.shape[1] != w.in_features:
+        raise ValueError(f"x has {x.shape[1]} features but the weight expects {w.in_features}")
     y = tiled_matmul(x.to(torch.float32), wf)
     if bias is not None:
         y = y + bias.to(torch.float32)
@@ -84,9 +102,11 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor) -> tor
     """
     wf = weight_f32(w)
     if wf.dim() != 3:
-        raise ValueError(f"grouped_linear needs an [E, N, K] weight, got {tuple(wf.shape)}")
+        raise ValueError(f"grouped_linear needs an [E, N, K] weight, got {tuple(w.shape)}")
+    if x.dim() != 2 or x.shape[1] != w.in_features:
+        raise ValueError(f"grouped_linear takes x [M, {w.in_features}], got {tuple(x.shape)}")
     offs = _offsets(group_sizes, wf.shape[0], x.shape[0])
-    out = torch.zeros(x.shape[0], wf.shape[1], dtype=torch.float32)
+    out = torch.zeros(x.shape[0], w.out_features, dtype=torch.float32)
     xf = x.to(torch.float32)
     for e in range(wf.shape[0]):
         if offs[e + 1] > offs[e]:
@@ -102,10 +122,13 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     added in increasing j starting from zero. Returns [T, D] in x's dtype.
     """
     w13f, w2f = weight_f32(w13), weight_f32(w2)
-    n_exp, two_i, d = w13f.shape
+    if len(w13.shape) != 3 or len(w2.shape) != 3:
+        raise ValueError(f"moe_experts needs [E, 2I, D] and [E, D, I] weights, got {w13.shape} and "
+                         f"{w2.shape}")
+    n_exp, two_i, d = w13.shape
     inter = two_i // 2
-    if w2f.shape != (n_exp, d, inter):
-        raise ValueError(f"w2 logical shape {tuple(w2f.shape)} does not match w13 {tuple(w13f.shape)}:"
+    if tuple(w2.shape) != (n_exp, d, inter):
+        raise ValueError(f"w2 logical shape {tuple(w2.shape)} does not match w13 {tuple(w13.shape)}:"
                          f" expected {(n_exp, d, inter)}")
     t, k = topk_ids.shape
     if topk_weights.shape != (t, k) or x.shape != (t, d):

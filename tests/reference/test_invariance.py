@@ -74,3 +74,13 @@ def test_routing_and_norm_rows_invariant(ops, gen):
         w, i = ops["moe_route_topk"](x, bias, 6, "sqrtsoftplus", True, 1.5)
         assert torch.equal(w[m // 2], wa[0]) and torch.equal(i[m // 2], ia[0])
         assert torch.equal(ops["rms_norm"](x, bias, 1e-6)[m // 2], na[0])
+
+
+@pytest.mark.parametrize("k,n", [(7, 5), (33, 3), (13, 5), (100, 3)])
+def test_linear_row_invariant_odd_shapes(ops, gen, k, n):
+    # MKL edge kernels made these shapes position-dependent inside a tile before K was padded
+    w = Weight.dense(torch.randn(n, k, generator=gen))
+    x = torch.randn(32, k, generator=gen)
+    full = ops["linear"](x, w)
+    for i in range(32):
+        assert torch.equal(ops["linear"](x[i:i + 1], w)[0], full[i]), i
