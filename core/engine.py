@@ -142,6 +142,8 @@ class Engine:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.schedule_seconds += time.perf_counter() - t0
+        if not out and not self._inflight and not self.scheduler.running:
+            self._unblock()
         prev = self._inflight[1] if self._inflight else None
         res = self._launch(out, prev) if out else None
         if not self.config.overlap:
@@ -150,6 +152,13 @@ class Engine:
             touched = self._process(*self._inflight) if self._inflight else []
             self._inflight = (out, res) if res is not None else None
         return [self.output(r) for r in touched]
+
+    def _unblock(self) -> None:
+        # nothing runs and the head of the queue still cannot get blocks: it never will
+        req = self.scheduler.waiting.peek()
+        if req is not None:
+            self._finish(req, "error", f"the request cannot get KV blocks even with an empty engine "
+                         f"({self.num_blocks} per group); raise num_blocks / kv_cache_bytes")
 
     def _launch(self, out: SchedulerOutput, prev: StepResult | None) -> StepResult | None:
         try:

@@ -144,30 +144,33 @@ class KVCacheManager:
     # ----------------------------------------------------------------------------- allocation
     def allocate(self, req: Request, num_new_tokens: int, hits: dict[str, list[int]] | None = None) -> bool:
         """Blocks for tokens up to num_computed + num_new (after applying `hits`); False = no room."""
-        hits = hits or {}
         need = -(-(req.num_computed_tokens + num_new_tokens) // self.P)
-        plan = {}
+        if not hits:
+            tables = req.block_ids
+            short = [g for g in self.groups if len(tables.get(g.name, ())) < need]
+            if not short:
+                return True  # the common decode step: the last block has room
+            for g in short:
+                if need - len(tables.get(g.name, ())) > self.pools[g.name].num_free:
+                    return False
+            for g in short:
+                pool, table = self.pools[g.name], tables.setdefault(g.name, [])
+                table.extend(pool.allocate() for _ in range(need - len(table)))
+            self.requests[req.request_id] = req
+            return True
         for g in self.groups:
-            pool = self.pools[g.name]
-            table = req.block_ids.get(g.name) if not hits else hits[g.name]
-            have = len(table) if table else 0
-            revive = sum(1 for b in hits.get(g.name, ()) if b >= 0 and pool.ref[b] == 0)
-            # a block id can appear in several hits of one request only if cached twice: impossible
-            new = max(0, need - have)
-            if new + revive > pool.num_free:
+            pool, hit = self.pools[g.name], hits[g.name]
+            revive = sum(1 for b in hit if b >= 0 and pool.ref[b] == 0)
+            if max(0, need - len(hit)) + revive > pool.num_free:
                 return False
-            plan[g.name] = new
         for g in self.groups:
             pool = self.pools[g.name]
-            if hits:
-                for b in hits[g.name]:
-                    if b >= 0:
-                        pool.touch(b)
-                req.block_ids[g.name] = list(hits[g.name])
-            table = req.block_ids.setdefault(g.name, [])
-            table.extend(pool.allocate() for _ in range(plan[g.name]))
-        if hits:
-            req.num_published_blocks = len(next(iter(hits.values())))
+            for b in hits[g.name]:
+                if b >= 0:
+                    pool.touch(b)  # before allocating, so a hit block is never evicted for itself
+            table = req.block_ids[g.name] = list(hits[g.name])
+            table.extend(pool.allocate() for _ in range(max(0, need - len(table))))
+        req.num_published_blocks = len(next(iter(hits.values())))
         self.requests[req.request_id] = req
         return True
 

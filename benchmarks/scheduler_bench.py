@@ -1,0 +1,74 @@
+"""Scheduler micro-benchmark: µs per Scheduler.schedule() with N running decode requests.
+
+No model: a fake runner resolves every sample to a fixed token and publishes finished blocks,
+as the engine would. Each request has a 32-token prompt and never finishes within the run, so
+every step schedules N decode tokens (budget and max_num_seqs = N; blocks are plentiful).
+
+    python benchmarks/scheduler_bench.py [--sizes 10 100 1000 10000] [--steps 50] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from shuili.core.kv_cache import KVCacheManager
+from shuili.core.model_api import CacheGroupSpec
+from shuili.core.request import Request
+from shuili.core.sampling_params import SamplingParams
+from shuili.core.scheduler import Scheduler
+
+P = 16
+PROMPT = 32
+GROUPS = [CacheGroupSpec(name="full", kind="full", layers=(0,), entry_shape=(1,)),
+          CacheGroupSpec(name="swa", kind="sliding", layers=(1,), entry_shape=(1,), window=64)]
+
+
+def fake_update(s: Scheduler, out) -> None:
+    for c in out.chunks:
+        s.kv.publish(c.req, c.end)
+        if c.sample:
+            c.req.num_placeholders -= 1
+            c.req.output_token_ids.append(7)
+
+
+def bench(n: int, steps: int) -> dict:
+    blocks = n * (-(-(PROMPT + steps + 8) // P)) + 8
+    kv = KVCacheManager(GROUPS, blocks, P)
+    s = Scheduler(kv, max_num_seqs=n, max_num_batched_tokens=n * PROMPT, max_model_len=4096)
+    params = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    for i in range(n):
+        s.add(Request(f"r{i}", [(i * 31 + j) % 1000 for j in range(PROMPT)], params, i, s.next_arrival()))
+    fake_update(s, s.schedule())  # admission + prefill of every request (not timed)
+    s.max_num_batched_tokens = n
+    t_sched = t_upd = 0.0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = s.schedule()
+        t1 = time.perf_counter()
+        fake_update(s, out)
+        t_upd += time.perf_counter() - t1
+        t_sched += t1 - t0
+        assert len(out.chunks) == n
+    return {"running": n, "steps": steps, "schedule_us": 1e6 * t_sched / steps,
+            "schedule_us_per_request": 1e6 * t_sched / steps / n, "update_us": 1e6 * t_upd / steps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 10000])
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = [bench(n, args.steps if n < 10000 else max(args.steps // 5, 5)) for n in args.sizes]
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print(f"{'running':>8} {'steps':>6} {'schedule µs':>12} {'µs/request':>11} {'update µs':>10}")
+    for r in rows:
+        print(f"{r['running']:>8} {r['steps']:>6} {r['schedule_us']:>12.1f} "
+              f"{r['schedule_us_per_request']:>11.2f} {r['update_us']:>10.1f}")
+
+
+if __name__ == "__main__":
+    main()
