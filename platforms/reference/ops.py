@@ -7,6 +7,7 @@ from shuili.hal.capabilities import DtypeSupport
 from shuili.platforms.reference import (
     attention, collectives, elementwise, gemm, indexer, kvcache, mhc, moe, norm, rope,
 )
+from shuili.platforms.reference.sampling import SAMPLING_OPS
 
 OPS: dict[str, object] = {
     "linear": gemm.linear,
@@ -30,11 +31,7 @@ OPS: dict[str, object] = {
     "all_gather": collectives.all_gather,
 }
 
-try:  # written by the core helper; until it lands the table lacks the sampling ops
-    from shuili.platforms.reference.sampling import SAMPLING_OPS
-except ImportError:
-    SAMPLING_OPS = {}
-OPS.update(SAMPLING_OPS)
+OPS.update(SAMPLING_OPS)  # log_softmax, apply_penalties, sample (sampling.py, the core helper's)
 
 _DENSE = DtypeSupport(name="dense", support="native")
 _WEIGHTS = (_DENSE, DtypeSupport(name="fp8_block128", support="emulated"),
