@@ -1,16 +1,66 @@
-"""NVIDIA platform plugin (kernels land in this package; see docs/platforms/nvidia.md)."""
+"""NVIDIA platform plugin: registration, probe, capabilities and the op table (Triton kernels in
+this package; see docs/platforms/nvidia.md). Module import touches neither triton nor CUDA."""
 from __future__ import annotations
 
-from shuili.hal import HAL_API_VERSION, Availability, PlatformInfo
+from shuili.hal import (
+    HAL_API_VERSION, Availability, DeterminismLevel, DtypeSupport, OpCapability,
+    PlatformCapabilities, PlatformInfo,
+)
 from shuili.hal.hookspecs import hookimpl
 
 NAME = "nvidia"
+L = DeterminismLevel
+
+_ACT = tuple(DtypeSupport(name=n) for n in ("bfloat16", "float16", "float32"))
+_F32 = (DtypeSupport(name="float32"),)
+# weights and KV codes: SM90 has no FP4 tensor cores, so mxfp4 / fp4 codes are expanded in
+# registers ("emulated"); fp8 e4m3 converts natively on SM89+
+_WEIGHTS = (DtypeSupport(name="dense"), DtypeSupport(name="fp8_block128"),
+            DtypeSupport(name="mxfp4", support="emulated"))
+_KV = (DtypeSupport(name="mxfp8"), DtypeSupport(name="fp4_e4m3", support="emulated"),
+       DtypeSupport(name="mxfp4", support="emulated"))
+_KV_READ = (DtypeSupport(name="none"),) + _KV
+
+# (dtypes, formats, level in default mode, level in batch-invariant mode, notes)
+_CAPS = {
+    "linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
+               "default: cuBLAS (dense) / M-sized Triton tiles (quantized); batch-invariant mode: "
+               "one fixed-tile Triton kernel, no split-K"),
+    "grouped_linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant, "Triton grouped GEMM"),
+    "moe_experts": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
+                    "stable sort by expert, two grouped GEMMs, fixed-order sum over k"),
+    "rms_norm": (_ACT, (), L.batch_invariant, L.batch_invariant, "one program per row"),
+    "add_rms_norm": (_ACT, (), L.batch_invariant, L.batch_invariant, "one program per row"),
+    "rope": (_ACT, (), L.batch_invariant, L.batch_invariant, "elementwise per token"),
+    "swiglu": (_ACT, (), L.batch_invariant, L.batch_invariant, "elementwise"),
+    "embedding": (_ACT, (), L.portable_bitwise, L.portable_bitwise, "row gather"),
+    "hc_split_sinkhorn": (_F32, (), L.batch_invariant, L.batch_invariant, "one program per token"),
+    "moe_route_topk": (_F32, (), L.batch_invariant, L.batch_invariant, "float64 scores, exact top-k"),
+    "moe_route_hash": (_F32, (), L.batch_invariant, L.batch_invariant, "table lookup"),
+    "kv_quantize": (_F32, _KV, L.portable_bitwise, L.portable_bitwise, "integer/bit arithmetic"),
+    "kv_dequantize": (_F32, _KV, L.portable_bitwise, L.portable_bitwise, "exact decode"),
+    "cache_write": (_ACT, (), L.portable_bitwise, L.portable_bitwise, "byte copy"),
+    "paged_attention": (_ACT, (), L.run_to_run, L.batch_invariant,
+                        "default: KV split sized to fill the GPU for decode; batch-invariant "
+                        "mode: fixed 1024-position splits for prefill and decode alike"),
+    "sparse_attention": (_ACT, _KV_READ, L.batch_invariant, L.batch_invariant,
+                         "one program per (token, head block); caches merged in order"),
+    "indexer_topk": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),
+                     L.batch_invariant, L.batch_invariant, "per-token scores, exact top-k"),
+    "log_softmax": (_ACT, (), L.batch_invariant, L.batch_invariant, "one program per row"),
+    "apply_penalties": (_F32, (), L.batch_invariant, L.batch_invariant, "elementwise"),
+    "sample": (_F32, (), L.batch_invariant, L.batch_invariant,
+               "counter-based noise from shuili.core.noise; exact rank keys"),
+    "all_reduce": (_ACT, (), L.batch_invariant, L.batch_invariant, "fixed rank order"),
+    "all_gather": (_ACT, (), L.batch_invariant, L.batch_invariant, "rank order"),
+}
 
 
 @hookimpl
 def shuili_platform_info():
     return PlatformInfo(name=NAME, vendor="NVIDIA", priority=100, hal_api_version=HAL_API_VERSION,
-                        description="CUDA GPUs via torch + Triton (SM100; SM90 fallback)")
+                        description="CUDA GPUs via torch + Triton (SM90 measured; SM100 FP4 paths "
+                                    "emulated, see docs/platforms/nvidia.md)")
 
 
 def probe() -> Availability:
@@ -24,9 +74,43 @@ def probe() -> Availability:
     except ImportError:
         return Availability.no("triton is not installed: pip install 'shuili[nvidia]'")
     major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        return Availability.no(f"{torch.cuda.get_device_name()} is sm{major}{minor}; the kernels need "
+                               "sm80 or newer (bf16 tensor cores)")
     return Availability.yes(f"{torch.cuda.get_device_name()} (sm{major}{minor})", sm=major * 10 + minor)
 
 
 @hookimpl
 def shuili_platform_probe(platform):
     return probe() if platform == NAME else None
+
+
+def capabilities(batch_invariant: bool) -> PlatformCapabilities:
+    ops = {}
+    for name, (dtypes, formats, default, bi, notes) in _CAPS.items():
+        level = bi if batch_invariant else default
+        mode_only = bi > default
+        ops[name] = OpCapability(dtypes=dtypes, formats=formats, determinism=level,
+                                 determinism_requires="batch_invariant" if mode_only and batch_invariant
+                                 else None,
+                                 notes=notes if batch_invariant or not mode_only
+                                 else f"{notes} ({bi.name} with platform.batch_invariant: true)")
+    return PlatformCapabilities(ops=ops, compute_dtypes=("bfloat16", "float16", "float32"),
+                                graph_capture=True, collectives_backend="nccl (fixed rank order)",
+                                device_type="cuda")
+
+
+@hookimpl
+def shuili_platform_capabilities(platform, config):
+    if platform != NAME:
+        return None
+    return capabilities(bool(getattr(config, "batch_invariant", False)))
+
+
+@hookimpl
+def shuili_platform_ops(platform, config):
+    if platform != NAME:
+        return None
+    from shuili.platforms.nvidia.ops import make_ops
+
+    return make_ops(bool(getattr(config, "batch_invariant", False)))

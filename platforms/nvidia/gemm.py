@@ -1,0 +1,213 @@
+"""GEMMs with weights in the checkpoint formats, dequantized in-kernel (weight-only: activations stay
+in the compute dtype, as the contract says), plus the grouped (MoE) variant.
+
+One Triton kernel serves dense, fp8_block128 and mxfp4 weights and plain or grouped rows. It never
+splits K: every output element is one fixed-order pass over K in BK steps, so a row's result does
+not depend on the other rows of its tile. Batch-invariant mode pins the tile shape (BI_TILE) so the
+same compiled kernel serves every batch; the default mode picks tiles by M and sends dense weights
+to cuBLAS. SM100's FP4 tensor cores are not used: e2m1/e4m3 codes are expanded to bf16 in
+registers (exactly: every e2m1 x e8m0 and e4m3 x 2^k value is a bf16), which is also the only
+path on SM90.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shuili.hal.types import Weight
+from shuili.platforms.nvidia.common import as_u8, cdiv, check, interpreting
+from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
+
+FMT_ID = {"dense": 0, "fp8_block128": 1, "mxfp4": 2}
+BI_TILE = (64, 64, 64)  # BM, BN, BK in batch-invariant mode, for every M
+
+
+@triton.jit
+def _w_tile(w_ptr, s_ptr, e, cols, cok, kk, kok, k0, N, K, s_we, s_wn, s_se, s_sn,
+            FMT: tl.constexpr, NATIVE_FP8: tl.constexpr):
+    """Weight tile [BN, BK] as float32 (dense: its own dtype)."""
+    m = cok[:, None] & kok[None, :]
+    if FMT == 0:
+        return tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=m, other=0.0)
+    if FMT == 1:
+        c = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=m, other=0)
+        if NATIVE_FP8:
+            v = c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:
+            v = e4m3_to_f32(c)
+        sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + k0 // 128, mask=cok, other=0.0)
+        return v * sc[:, None]
+    byte = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :] // 2, mask=m, other=0)
+    nib = (byte.to(tl.int32) >> ((kk[None, :] & 1) * 4)) & 15
+    sc = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + kk[None, :] // 32, mask=m, other=127)
+    return e2m1_to_f32(nib) * e8m0_to_f32(sc)
+
+
+@triton.jit
+def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N, K, s_xm, s_ym,
+                 s_we, s_wn, s_se, s_sn, FMT: tl.constexpr, GROUPED: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, F32: tl.constexpr, NATIVE_FP8: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if GROUPED:
+        e = tl.load(te_ptr + pid_m)
+        if e < 0:
+            return
+        r0 = tl.load(t0_ptr + pid_m)
+        r1 = tl.load(t1_ptr + pid_m)
+    else:
+        e = pid_m * 0
+        r0 = pid_m * BM
+        r1 = M
+    e = e.to(tl.int64)
+    rows = r0 + tl.arange(0, BM)
+    rok = rows < r1
+    cols = pid_n * BN + tl.arange(0, BN)
+    cok = cols < N
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        kok = kk < K
+        a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :],
+                    mask=rok[:, None] & kok[None, :], other=0.0)
+        w = _w_tile(w_ptr, s_ptr, e, cols, cok, kk, kok, k0, N, K, s_we, s_wn, s_se, s_sn, FMT,
+                    NATIVE_FP8).to(a.dtype)
+        if F32:
+            acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(a, tl.trans(w))
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=cok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None].to(tl.int64) * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=rok[:, None] & cok[None, :])
+
+
+def _tiles_for(m: int, batch_invariant: bool):
+    if batch_invariant:
+        return BI_TILE
+    if m <= 16:
+        return 16, 128, 128
+    if m <= 32:
+        return 32, 128, 128
+    if m <= 64:
+        return 64, 128, 64
+    return 128, 128, 64
+
+
+def _weight_args(w: Weight, grouped: bool):
+    """(data, scale, expert stride, row stride, scale expert stride, scale row stride)."""
+    if w.format not in FMT_ID:
+        raise ValueError(f"unknown weight format {w.format!r}; use one of {sorted(FMT_ID)}")
+    data = w.data if w.format == "dense" else as_u8(w.data)
+    data = data.contiguous()
+    if grouped and data.dim() != 3:
+        raise ValueError(f"grouped weights are [E, N, ...]; got data {tuple(data.shape)}")
+    s_we = data.stride(0) if grouped else 0
+    s_wn = data.stride(-2)
+    if w.format == "dense":
+        return data, data, s_we, s_wn, 0, 0
+    scale = w.scale.contiguous()
+    if w.format == "fp8_block128":
+        scale = scale.float()
+    return data, scale, s_we, s_wn, scale.stride(0) if grouped else 0, scale.stride(-2)
+
+
+def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped):
+    m, k = x.shape
+    n = w.shape[-2]
+    data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
+    if grouped:
+        te, t0, t1, nt = tiles
+        bm, bn, bk = _tiles_for(0, True) if batch_invariant else _tiles_for(m, False)
+    else:
+        bm, bn, bk = _tiles_for(m, batch_invariant)
+        te = t0 = t1 = x
+        nt = cdiv(m, bm)
+    _gemm_kernel[(nt, cdiv(n, bn))](
+        x, data, scale, bias if bias is not None else x, y, te, t0, t1, m, n, k, x.stride(0),
+        y.stride(0), s_we, s_wn, s_se, s_sn, FMT=FMT_ID[w.format], GROUPED=grouped,
+        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32, NATIVE_FP8=not interpreting(),
+        BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3)
+    return y
+
+
+def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
+           batch_invariant: bool = False) -> torch.Tensor:
+    if x.shape[-1] != w.in_features:
+        raise ValueError(f"linear: x has {x.shape[-1]} features, weight expects {w.in_features}")
+    if w.format == "mxfp4" and w.in_features % 32:
+        raise ValueError(f"mxfp4 weights need K % 32 == 0, got K={w.in_features}")
+    if w.format == "dense" and not batch_invariant:
+        y = torch.matmul(x, w.data.to(x.dtype).t())
+        return y + bias.to(y.dtype) if bias is not None else y
+    x2 = x.contiguous()
+    y = torch.empty(x2.shape[0], w.out_features, dtype=x.dtype, device=x.device)
+    if x2.shape[0] == 0 or y.shape[1] == 0:
+        return y
+    if w.format == "dense" and w.data.dtype != x.dtype:
+        w = Weight.dense(w.data.to(x.dtype))
+    return _launch(x2, w, bias.contiguous() if bias is not None else None, y, None, batch_invariant,
+                   False)
+
+
+def group_tiles(group_sizes: torch.Tensor, m: int, bm: int):
+    """Tile map for rows sorted by group, built on the device (no host sync, graph safe):
+    per tile its group (-1 = unused), first row and end row."""
+    gs = group_sizes.to(torch.int64)
+    e = gs.numel()
+    per = (gs + bm - 1) // bm
+    cum = torch.cumsum(per, 0)
+    first = cum - per
+    off = torch.cumsum(gs, 0) - gs
+    nt = cdiv(m, bm) + e
+    j = torch.arange(nt, device=gs.device)
+    grp = torch.searchsorted(cum, j, right=True)
+    g = grp.clamp(max=e - 1)
+    r0 = off[g] + (j - first[g]) * bm
+    r1 = off[g] + gs[g]
+    return torch.where(grp < e, grp, -1).contiguous(), r0.contiguous(), r1.contiguous(), nt
+
+
+def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,
+                   batch_invariant: bool = False) -> torch.Tensor:
+    m, k = x.shape
+    if len(w.shape) != 3 or w.shape[-1] != k or group_sizes.numel() != w.shape[0]:
+        raise ValueError(f"grouped_linear: x {tuple(x.shape)}, weight {w.shape}, "
+                         f"{group_sizes.numel()} groups do not fit (W is [E, N, K], one size per E)")
+    check(group_sizes.sum() == m, f"grouped_linear: group_sizes must sum to M={m}")
+    y = torch.empty(m, w.shape[-2], dtype=x.dtype, device=x.device)
+    if m == 0 or y.shape[1] == 0:
+        return y
+    if w.format == "dense" and w.data.dtype != x.dtype:
+        w = Weight("dense", w.data.to(x.dtype), None, w.shape)
+    bm = (BI_TILE if batch_invariant else _tiles_for(m, False))[0]
+    return _launch(x.contiguous(), w, None, y, group_tiles(group_sizes, m, bm), batch_invariant, True)
+
+
+def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit=None, *,
+                batch_invariant: bool = False):
+    t, k = topk_ids.shape
+    e = w13.shape[0]
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    check((flat >= 0) & (flat < e), f"moe_experts: topk_ids must lie in [0, {e})")
+    order = torch.argsort(flat, stable=True)
+    sizes = torch.zeros(e, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
+    xs = x[order // k]
+    h = grouped_linear(xs, w13, sizes, batch_invariant=batch_invariant)
+    inter = h.shape[1] // 2
+    g, u = h[:, :inter].float(), h[:, inter:].float()
+    if swiglu_limit is not None:
+        g = g.clamp(max=swiglu_limit)
+        u = u.clamp(-swiglu_limit, swiglu_limit)
+    a = (torch.nn.functional.silu(g) * u).to(x.dtype)
+    y = grouped_linear(a, w2, sizes, batch_invariant=batch_invariant)
+    ys = torch.empty_like(y)
+    ys[order] = y
+    ys = ys.view(t, k, -1).float()
+    wts = topk_weights.float()
+    out = wts[:, 0, None] * ys[:, 0]
+    for j in range(1, k):
+        out = out + wts[:, j, None] * ys[:, j]
+    return out.to(x.dtype)

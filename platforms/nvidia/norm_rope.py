@@ -1,0 +1,100 @@
+"""RMSNorm (plain and fused with the residual add) and rotary embedding: one program per row, the
+row's reduction over a fixed-size block, so every row is computed the same way in any batch."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shuili.platforms.nvidia.common import pow2
+
+
+@triton.jit
+def _rms_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, D, eps, BLOCK: tl.constexpr,
+                HAS_W: tl.constexpr, HAS_R: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    ok = c < D
+    x = tl.load(x_ptr + row * D + c, mask=ok, other=0.0)
+    if HAS_R:
+        x = x + tl.load(r_ptr + row * D + c, mask=ok, other=0.0)
+        tl.store(s_ptr + row * D + c, x, mask=ok)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt_rn(tl.sum(xf * xf, axis=0) / D + eps)
+    y = xf * rstd
+    if HAS_W:
+        y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * D + c, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def _norm(x, residual, weight, eps):
+    shape = x.shape
+    d = shape[-1]
+    x2 = x.reshape(-1, d).contiguous()
+    y = torch.empty_like(x2)
+    s = torch.empty_like(x2) if residual is not None else y
+    r2 = residual.reshape(-1, d).contiguous() if residual is not None else x2
+    if x2.shape[0]:
+        _rms_kernel[(x2.shape[0],)](x2, r2, weight if weight is not None else x2, y, s, d, float(eps),
+                                    BLOCK=pow2(d), HAS_W=weight is not None,
+                                    HAS_R=residual is not None, num_warps=4 if d <= 4096 else 8)
+    return y.view(shape), s.view(shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return _norm(x, None, weight, eps)[0]
+
+
+def add_rms_norm(x, residual, weight, eps):
+    if residual.shape != x.shape:
+        raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+    return _norm(x, residual.to(x.dtype), weight, eps)
+
+
+@triton.jit
+def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF: tl.constexpr,
+                 BH: tl.constexpr, BD: tl.constexpr, INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    hok = h < H
+    base = x_ptr + t * H * D + h[:, None] * D
+    obase = y_ptr + t * H * D + h[:, None] * D
+    c = tl.arange(0, BD)
+    keep = hok[:, None] & (c[None, :] < D - R)
+    tl.store(obase + c[None, :], tl.load(base + c[None, :], mask=keep), mask=keep)
+    i = tl.arange(0, HALF)
+    if INTERLEAVED:
+        ia = D - R + 2 * i
+        ib = ia + 1
+    else:
+        ia = D - R + i
+        ib = ia + HALF
+    p = tl.load(pos_ptr + t)
+    cs = tl.load(cos_ptr + p * HALF + i)[None, :]
+    sn = tl.load(sin_ptr + p * HALF + i)[None, :]
+    if INVERSE:
+        sn = -sn
+    m = hok[:, None] & (i[None, :] < HALF)
+    a = tl.load(base + ia[None, :], mask=m, other=0.0).to(tl.float32)
+    b = tl.load(base + ib[None, :], mask=m, other=0.0).to(tl.float32)
+    tl.store(obase + ia[None, :], (a * cs - b * sn).to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(obase + ib[None, :], (a * sn + b * cs).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False):
+    if x.dim() != 3:
+        raise ValueError(f"rope takes x [T, H, D], got shape {tuple(x.shape)}")
+    t, h, d = x.shape
+    half = rope_dim // 2
+    if rope_dim % 2 or rope_dim > d or half != pow2(half):
+        raise ValueError(f"rope_dim must be even, a power of two times 2 and <= D={d}; got {rope_dim}")
+    if cos.shape[-1] != half or sin.shape[-1] != half:
+        raise ValueError(f"cos/sin must be [max_pos, {half}], got {tuple(cos.shape)}")
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if t:
+        bh = min(pow2(h), 16)
+        _rope_kernel[(t, triton.cdiv(h, bh))](
+            x, y, positions.contiguous(), cos.float().contiguous(), sin.float().contiguous(), h, d,
+            rope_dim, HALF=half, BH=bh, BD=pow2(d), INTERLEAVED=interleaved, INVERSE=inverse)
+    return y

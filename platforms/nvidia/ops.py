@@ -1,0 +1,44 @@
+"""The NVIDIA op table: every op of `shuili.hal.ops`, bound once to the platform config."""
+from __future__ import annotations
+
+import functools
+
+from shuili.platforms.nvidia import (
+    attention, gemm, indexer, misc, moe, norm_rope, quant, sampling,
+)
+
+# ops whose kernels take the batch-invariant switch (fixed tiles / fixed KV split)
+MODE_OPS = {
+    "linear": gemm.linear,
+    "grouped_linear": gemm.grouped_linear,
+    "moe_experts": gemm.moe_experts,
+    "paged_attention": attention.paged_attention,
+}
+
+PLAIN_OPS = {
+    "rms_norm": norm_rope.rms_norm,
+    "add_rms_norm": norm_rope.add_rms_norm,
+    "rope": norm_rope.rope,
+    "swiglu": misc.swiglu,
+    "embedding": misc.embedding,
+    "hc_split_sinkhorn": misc.hc_split_sinkhorn,
+    "moe_route_topk": moe.moe_route_topk,
+    "moe_route_hash": moe.moe_route_hash,
+    "kv_quantize": quant.kv_quantize,
+    "kv_dequantize": quant.kv_dequantize,
+    "cache_write": misc.cache_write,
+    "sparse_attention": attention.sparse_attention,
+    "indexer_topk": indexer.indexer_topk,
+    "log_softmax": sampling.log_softmax,
+    "apply_penalties": sampling.apply_penalties,
+    "sample": sampling.sample,
+    "all_reduce": misc.all_reduce,
+    "all_gather": misc.all_gather,
+}
+
+
+def make_ops(batch_invariant: bool = False) -> dict:
+    table = dict(PLAIN_OPS)
+    for name, fn in MODE_OPS.items():
+        table[name] = functools.partial(fn, batch_invariant=batch_invariant)
+    return table

@@ -1,0 +1,210 @@
+"""Element codes (e4m3, e2m1, e8m0) as bit arithmetic, and the KV storage formats' pack/unpack kernels.
+
+Codes are decoded and rounded with integer and exact float operations only, so one kernel source is
+exact on SM90 (no FP4 instructions), on SM100 and under TRITON_INTERPRET; SM100's native e2m1
+conversions are not used (see docs/platforms/nvidia.md).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shuili.platforms.nvidia.common import pow2
+
+# format -> (element bits, group size, scale kind); scale kind 0 = e8m0, 1 = e4m3
+FORMATS = {"mxfp8": (8, 32, 0), "fp4_e4m3": (4, 16, 1), "mxfp4": (4, 32, 0)}
+FORMAT_ID = {"none": 0, "mxfp8": 1, "fp4_e4m3": 2, "mxfp4": 3}
+
+
+def bytes_per_row(fmt: str, dim: int) -> int:
+    bits, group, _ = _spec(fmt)
+    if dim % group:
+        raise ValueError(f"kv format {fmt} needs a row width divisible by {group}, got {dim}")
+    return dim * bits // 8 + dim // group
+
+
+def _spec(fmt: str):
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown kv format {fmt!r}; use one of {sorted(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def dim_of(fmt: str, row_bytes: int) -> int:
+    bits, group, _ = _spec(fmt)
+    dim = row_bytes * 8 * group // (bits * group + 8)
+    if bytes_per_row(fmt, dim) != row_bytes:
+        raise ValueError(f"{row_bytes} bytes is not a {fmt} row width")
+    return dim
+
+
+# ------------------------------------------------------------------------------- element codes
+@triton.jit
+def rne_int(t):
+    # |t| < 2^22: adding 1.5 * 2^23 lands where the float32 ulp is 1, so the add rounds to even
+    return (t + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def pow2_f32(e):
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e8m0_to_f32(s):
+    return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e4m3_to_f32(c):
+    c = c.to(tl.int32)
+    e = (c >> 3) & 15
+    m = c & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    v = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+    # Triton's unary minus is 0 - v, which loses -0: set the sign bit instead
+    return (v.to(tl.int32, bitcast=True) | ((c & 128) << 24)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e2m1_to_f32(c):
+    c = c.to(tl.int32)
+    e = (c >> 1) & 3
+    m = (c & 1).to(tl.float32)
+    v = tl.where(e == 0, m * 0.5, (1.0 + m * 0.5) * pow2_f32(e - 1))
+    return (v.to(tl.int32, bitcast=True) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def f32_to_e4m3(y):
+    """RNE code of y, |y| <= 448 (callers clamp first); the sign survives rounding to zero."""
+    sign = (y.to(tl.int32, bitcast=True) >> 31) & 1
+    a = tl.abs(y)
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 255) - 127, -6)
+    r = rne_int(a * pow2_f32(3 - e)) * pow2_f32(e - 3)
+    rb = r.to(tl.int32, bitcast=True)
+    re = ((rb >> 23) & 255) - 127
+    code = tl.where(re >= -6, ((re + 7) << 3) | ((rb >> 20) & 7), (r * 512.0).to(tl.int32))
+    return code | (sign << 7)
+
+
+@triton.jit
+def f32_to_e2m1(y):
+    """RNE code of y, |y| <= 6; ties go to the even code (0.25 -> 0, 0.75 -> 1.0, 5 -> 4)."""
+    sign = (y.to(tl.int32, bitcast=True) >> 31) & 1
+    a = tl.abs(y)
+    q = tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
+    r = rne_int(a * (1.0 / q)) * q
+    code = tl.where(r < 2.0, r * 2.0, tl.where(r < 4.0, r + 2.0, r * 0.5 + 4.0)).to(tl.int32)
+    return code | (sign << 3)
+
+
+@triton.jit
+def ue8m0_exponent(amax, floor, elem_max):
+    """Biased exponent of 2^ceil(log2(max(amax, floor) / elem_max)), read off the float32 bits."""
+    v = tl.math.div_rn(tl.maximum(amax, floor), elem_max)
+    b = v.to(tl.int32, bitcast=True)
+    return ((b >> 23) & 255) + ((b & 0x7FFFFF) != 0).to(tl.int32)
+
+
+# ----------------------------------------------------------------------------------- row access
+@triton.jit
+def load_packed_rows(base, rows_ok, cols, D: tl.constexpr, FMT: tl.constexpr):
+    """Dequantize packed rows. base int64 [R] byte offsets of each row in a uint8 pointer's space is
+    not expressible here, so `base` is a pointer tensor [R]; cols [C] element ids. Returns float32
+    [R, C]; rows not ok read as 0."""
+    ok = rows_ok[:, None] & (cols[None, :] < D)
+    if FMT == 1:  # mxfp8: D e4m3 bytes, D/32 e8m0
+        c = tl.load(base[:, None] + cols[None, :], mask=ok, other=0)
+        s = tl.load(base[:, None] + D + cols[None, :] // 32, mask=ok, other=127)
+        v = e4m3_to_f32(c) * e8m0_to_f32(s)
+    else:
+        byte = tl.load(base[:, None] + cols[None, :] // 2, mask=ok, other=0).to(tl.int32)
+        nib = (byte >> ((cols[None, :] & 1) * 4)) & 15
+        if FMT == 2:  # fp4_e4m3: D/2 bytes, D/16 e4m3 scales
+            s = tl.load(base[:, None] + D // 2 + cols[None, :] // 16, mask=ok, other=0)
+            v = e2m1_to_f32(nib) * e4m3_to_f32(s)
+        else:  # mxfp4: D/2 bytes, D/32 e8m0 scales
+            s = tl.load(base[:, None] + D // 2 + cols[None, :] // 32, mask=ok, other=127)
+            v = e2m1_to_f32(nib) * e8m0_to_f32(s)
+    return tl.where(ok, v, 0.0)
+
+
+# -------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _quantize_kernel(x_ptr, out_ptr, N, D: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr,
+                     ROW_BYTES: tl.constexpr, ROWS: tl.constexpr):
+    pid = tl.program_id(0)
+    r = pid * ROWS + tl.arange(0, ROWS)
+    rok = r < N
+    c = tl.arange(0, D)
+    x = tl.load(x_ptr + r[:, None].to(tl.int64) * D + c[None, :], mask=rok[:, None], other=0.0)
+    xg = tl.reshape(x, (ROWS, D // G, G))
+    amax = tl.max(tl.abs(xg), axis=2)  # [ROWS, D/G]
+    out = out_ptr + r.to(tl.int64) * ROW_BYTES
+    gid = tl.arange(0, D // G)
+    if FMT == 2:
+        s_code = f32_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(amax, 6.0), 0.001953125), 448.0))
+        scale = e4m3_to_f32(s_code)
+        y = tl.math.div_rn(xg, scale[:, :, None])
+        s_byte = s_code
+        s_off = D // 2
+    else:
+        if FMT == 1:
+            e = ue8m0_exponent(amax, 1e-4, 448.0)
+        else:
+            e = ue8m0_exponent(amax, 6.0 * 1.1754943508222875e-38, 6.0)
+        y = xg * ((254 - e) << 23).to(tl.float32, bitcast=True)[:, :, None]
+        s_byte = e
+        s_off = D if FMT == 1 else D // 2
+    tl.store(out[:, None] + s_off + gid[None, :], s_byte.to(tl.uint8), mask=rok[:, None])
+    y = tl.reshape(y, (ROWS, D))
+    if FMT == 1:
+        code = f32_to_e4m3(tl.minimum(tl.maximum(y, -448.0), 448.0))
+        tl.store(out[:, None] + c[None, :], code.to(tl.uint8), mask=rok[:, None])
+    else:
+        code = f32_to_e2m1(tl.minimum(tl.maximum(y, -6.0), 6.0))
+        lo, hi = tl.split(tl.reshape(code, (ROWS, D // 2, 2)))
+        h = tl.arange(0, D // 2)
+        tl.store(out[:, None] + h[None, :], (lo | (hi << 4)).to(tl.uint8), mask=rok[:, None])
+
+
+@triton.jit
+def _dequantize_kernel(p_ptr, out_ptr, N, D: tl.constexpr, DP: tl.constexpr, FMT: tl.constexpr,
+                       ROW_BYTES: tl.constexpr, ROWS: tl.constexpr):
+    pid = tl.program_id(0)
+    r = pid * ROWS + tl.arange(0, ROWS)
+    rok = r < N
+    c = tl.arange(0, DP)
+    v = load_packed_rows(p_ptr + r.to(tl.int64) * ROW_BYTES, rok, c, D, FMT)
+    tl.store(out_ptr + r[:, None].to(tl.int64) * D + c[None, :], v, mask=rok[:, None] & (c[None, :] < D))
+
+
+def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    bits, group, _ = _spec(fmt)
+    if x.dim() != 2:
+        raise ValueError(f"kv_quantize takes rows [N, D], got shape {tuple(x.shape)}")
+    n, d = x.shape
+    if d % group or d != pow2(d):
+        raise ValueError(f"kv format {fmt} needs a power-of-two row width divisible by {group}, got {d}")
+    rb = bytes_per_row(fmt, d)
+    out = torch.empty(n, rb, dtype=torch.uint8, device=x.device)
+    if n:
+        rows = max(1, min(16, 4096 // d))
+        _quantize_kernel[(triton.cdiv(n, rows),)](x.float().contiguous(), out, n, D=d, G=group,
+                                                  FMT=FORMAT_ID[fmt], ROW_BYTES=rb, ROWS=rows)
+    return out
+
+
+def kv_dequantize(packed: torch.Tensor, fmt: str, dim: int) -> torch.Tensor:
+    rb = bytes_per_row(fmt, dim)
+    if packed.dim() != 2 or packed.shape[1] != rb or packed.dtype != torch.uint8:
+        raise ValueError(f"kv_dequantize({fmt}, dim={dim}) takes uint8 [N, {rb}], got "
+                         f"{packed.dtype} {tuple(packed.shape)}")
+    n = packed.shape[0]
+    out = torch.empty(n, dim, dtype=torch.float32, device=packed.device)
+    if n:
+        rows = max(1, min(16, 4096 // pow2(dim)))
+        _dequantize_kernel[(triton.cdiv(n, rows),)](packed.contiguous(), out, n, D=dim, DP=pow2(dim),
+                                                    FMT=FORMAT_ID[fmt], ROW_BYTES=rb, ROWS=rows)
+    return out

@@ -1,0 +1,89 @@
+"""log_softmax (Triton, one program per row, fixed chunk order), penalties and seeded sampling.
+
+Sampling follows the contract step by step with row-wise torch ops: ranks come from an exact sort
+of an int64 (logprob desc, id asc) key, the noise from `shuili.core.noise` (integer hash, so the
+GPU draws the reference's u bit for bit), the choice from a first-max argmax.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shuili.core import noise
+from shuili.platforms.nvidia.common import capturing, desc_key, pow2
+
+
+@triton.jit
+def _log_softmax_kernel(x_ptr, y_ptr, V, s_x, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    for v0 in range(0, V, BLOCK):
+        x = tl.load(x_ptr + row * s_x + v0 + c, mask=v0 + c < V, other=float("-inf")).to(tl.float32)
+        mx = tl.maximum(mx, x)
+    m = tl.max(mx, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for v0 in range(0, V, BLOCK):
+        x = tl.load(x_ptr + row * s_x + v0 + c, mask=v0 + c < V, other=float("-inf")).to(tl.float32)
+        acc += tl.exp(x - m)
+    lse = m + tl.log(tl.sum(acc, axis=0))
+    for v0 in range(0, V, BLOCK):
+        x = tl.load(x_ptr + row * s_x + v0 + c, mask=v0 + c < V, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * V + v0 + c, x - lse, mask=v0 + c < V)
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    if logits.dim() != 2:
+        raise ValueError(f"log_softmax takes logits [B, V], got shape {tuple(logits.shape)}")
+    b, v = logits.shape
+    out = torch.empty(b, v, dtype=torch.float32, device=logits.device)
+    if b and v:
+        x = logits if logits.stride(-1) == 1 else logits.contiguous()
+        _log_softmax_kernel[(b,)](x, out, v, x.stride(0), BLOCK=min(4096, pow2(v, 16)),
+                                  num_warps=8 if v >= 4096 else 4)
+    return out
+
+
+def apply_penalties(logits, token_counts, prompt_mask, repetition, presence, frequency):
+    lg = logits.to(torch.float32)
+    seen = prompt_mask | (token_counts > 0)
+    r = repetition.to(torch.float32)[:, None]
+    lg = torch.where(seen, torch.where(lg > 0, lg / r, lg * r), lg)
+    counts = token_counts.to(torch.float32)
+    return lg - (frequency.to(torch.float32)[:, None] * counts
+                 + presence.to(torch.float32)[:, None] * (counts > 0).to(torch.float32))
+
+
+def _keep(lp: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
+    b, v = lp.shape
+    ids = torch.arange(v, device=lp.device)
+    order = torch.sort(desc_key(lp, ids.expand(b, v)), dim=1, descending=True).indices
+    rank = ids.expand(b, v)
+    k = top_k.to(torch.int64)[:, None]
+    keep_sorted = (k <= 0) | (rank < k)
+    probs = torch.exp(torch.gather(lp, 1, order).to(torch.float64))
+    n_keep = (torch.cumsum(probs, 1) < top_p.to(torch.float64)[:, None]).sum(1, keepdim=True) + 1
+    keep_sorted &= (top_p[:, None] >= 1.0) | (rank < n_keep)
+    keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+    p = torch.exp(lp.to(torch.float64))
+    mp = min_p.to(torch.float64)[:, None]
+    return keep & ((mp <= 0.0) | (p >= mp * p.max(1, keepdim=True).values))
+
+
+def sample(logits, temperature, top_k, top_p, min_p, seeds, positions):
+    b, v = logits.shape
+    x = logits.to(torch.float32)
+    greedy = torch.argmax(x, dim=1)
+    sampled = temperature != 0
+    if not capturing() and not bool(sampled.any()):
+        return greedy
+    t = torch.where(sampled, temperature, 1.0).to(torch.float32)
+    lp = log_softmax(x / t[:, None])
+    score = lp.to(torch.float64) + noise.gumbel(seeds[:, None], positions[:, None],
+                                                torch.arange(v, device=x.device)[None, :])
+    filt = (top_k > 0) | (top_p < 1.0) | (min_p > 0.0)
+    if capturing() or bool(filt.any()):
+        score = torch.where(_keep(lp, top_k, top_p, min_p), score, float("-inf"))
+    return torch.where(sampled, torch.argmax(score, dim=1), greedy)

@@ -1,0 +1,288 @@
+"""NVIDIA kernels against the reference ops, at small shapes (GPU, or TRITON_INTERPRET on CPU)."""
+import math
+
+import pytest
+import torch
+
+from shuili.hal.types import Weight
+from shuili.platforms.reference.ops import OPS as REF
+from shuili.platforms.nvidia import attention, gemm, indexer, misc, moe, norm_rope, quant, sampling
+
+DTYPES = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else [])
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+def rel(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def g(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def rnd(*shape, seed=0, std=1.0):
+    return torch.randn(*shape, generator=g(seed)) * std
+
+
+# ------------------------------------------------------------------------------------ quantized KV
+@pytest.mark.parametrize("fmt", ["mxfp8", "fp4_e4m3", "mxfp4"])
+@pytest.mark.parametrize("d", [32, 128])
+def test_kv_quantize_bitwise(device, fmt, d):
+    x = rnd(19, d, seed=d) * torch.logspace(-5, 3, 19)[:, None]
+    x[1] = 0.0
+    x[2, :5] = torch.tensor([0.25, 0.75, -1.25, 5.0, -0.0])  # e2m1 ties
+    want = REF["kv_quantize"](x, fmt)
+    got = quant.kv_quantize(x.to(device), fmt).cpu()
+    assert torch.equal(got, want), f"{fmt}: {(got != want).sum()} bytes differ"
+    back = quant.kv_dequantize(want.to(device), fmt, d).cpu()
+    assert torch.equal(back.view(torch.int32), REF["kv_dequantize"](want, fmt, d).view(torch.int32))
+
+
+# ------------------------------------------------------------------------------ norms and rotary
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norms(device, dtype):
+    x, r, w = rnd(7, 96, seed=1), rnd(7, 96, seed=2, std=4), rnd(96, seed=3, std=0.2) + 1
+    xs = [t.to(dtype) for t in (x, r, w)]
+    got = norm_rope.rms_norm(xs[0].to(device), xs[2].to(device), 1e-6)
+    assert rel(got, REF["rms_norm"](xs[0].float(), xs[2].float(), 1e-6)) < TOL[dtype]
+    y, s = norm_rope.add_rms_norm(xs[0].to(device), xs[1].to(device), None, 1e-6)
+    ry, rs = REF["add_rms_norm"](xs[0].float(), xs[1].float(), None, 1e-6)
+    assert rel(y, ry) < TOL[dtype] and rel(s, rs) < TOL[dtype]
+    assert norm_rope.rms_norm(xs[0].view(7, 3, 32).to(device), None, 1e-5).shape == (7, 3, 32)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_rope(device, interleaved, inverse):
+    rope_dim, d = 16, 48
+    ang = torch.arange(64, dtype=torch.float64)[:, None] / 10000 ** (torch.arange(8) * 2 / 16)
+    args = (rnd(5, 3, d, seed=4), torch.tensor([0, 3, 63, 7, 7]), ang.cos().float(), ang.sin().float())
+    got = norm_rope.rope(*[a.to(device) for a in args], rope_dim, interleaved, inverse)
+    want = REF["rope"](*args, rope_dim, interleaved, inverse)
+    assert rel(got, want) < 1e-6
+
+
+# --------------------------------------------------------------------------------------- GEMMs
+def weight(fmt, shape, seed):
+    *lead, n, k = shape
+    if fmt == "dense":
+        return Weight.dense(rnd(*shape, seed=seed, std=k ** -0.5))
+    if fmt == "fp8_block128":
+        data = rnd(*shape, seed=seed, std=2.0).clamp(-448, 448).to(torch.float8_e4m3fn)
+        exps = torch.randint(-8, 1, (*lead, math.ceil(n / 128), math.ceil(k / 128)), generator=g(seed))
+        return Weight("fp8_block128", data, torch.pow(2.0, exps.float()), tuple(shape))
+    data = torch.randint(0, 256, (*lead, n, k // 2), generator=g(seed)).to(torch.uint8)
+    scale = torch.randint(118, 126, (*lead, n, k // 32), generator=g(seed + 1)).to(torch.uint8)
+    return Weight("mxfp4", data, scale, tuple(shape))
+
+
+def on(w: Weight, device, dtype):
+    data = w.data.to(device)
+    if w.format == "dense":
+        data = data.to(dtype)
+    return Weight(w.format, data, None if w.scale is None else w.scale.to(device), w.shape)
+
+
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("bi", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear(device, fmt, bi, dtype):
+    w = weight(fmt, (200, 160), seed=5)
+    x, bias = rnd(37, 160, seed=6).to(dtype), rnd(200, seed=7).to(dtype)
+    want = REF["linear"](x.float(), on(w, "cpu", torch.float32), bias.float())
+    got = gemm.linear(x.to(device), on(w, device, dtype), bias.to(device), batch_invariant=bi)
+    assert got.dtype == dtype and rel(got, want) < TOL[dtype]
+
+
+@pytest.mark.parametrize("fmt", ["dense", "mxfp4"])
+def test_linear_batch_invariant(device, fmt):
+    w = on(weight(fmt, (96, 128), seed=8), device, DTYPES[-1])
+    x = rnd(70, 128, seed=9).to(device, DTYPES[-1])
+    full = gemm.linear(x, w, batch_invariant=True)
+    for i in (0, 33, 69):
+        assert torch.equal(gemm.linear(x[i:i + 1], w, batch_invariant=True), full[i:i + 1])
+
+
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("bi", [False, True])
+def test_grouped_and_moe(device, fmt, bi):
+    sizes = torch.tensor([3, 0, 17, 1, 9])
+    w = weight(fmt, (5, 64, 96), seed=10)
+    x = rnd(int(sizes.sum()), 96, seed=11)
+    want = REF["grouped_linear"](x, w, sizes)
+    got = gemm.grouped_linear(x.to(device), on(w, device, torch.float32), sizes.to(device),
+                              batch_invariant=bi)
+    assert rel(got, want) < TOL[torch.float32]
+    t, e, k = 13, 5, 2
+    ids = torch.stack([torch.randperm(e, generator=g(i))[:k] for i in range(t)])
+    wts = torch.softmax(rnd(t, k, seed=12), -1)
+    w13, w2 = weight(fmt, (e, 64, 64), seed=13), weight(fmt, (e, 64, 32), seed=14)
+    xm = rnd(t, 64, seed=15)
+    want = REF["moe_experts"](xm, ids, wts, w13, w2, 7.0)
+    got = gemm.moe_experts(xm.to(device), ids.to(device), wts.to(device),
+                           on(w13, device, torch.float32), on(w2, device, torch.float32), 7.0,
+                           batch_invariant=bi)
+    assert rel(got, want) < 1e-4
+
+
+# ----------------------------------------------------------------------------------- attention
+def paged_case(seed, b=4, bs=16, kvh=2, grp=4, d=32, max_len=90):
+    gen = g(seed)
+    seq = [int(torch.randint(1, max_len, (1,), generator=gen)) for _ in range(b)]
+    ql = [1 if i % 2 else int(torch.randint(1, s + 1, (1,), generator=gen)) for i, s in enumerate(seq)]
+    blocks = [math.ceil(s / bs) for s in seq]
+    pool = sum(blocks) + 2
+    phys = torch.randperm(pool, generator=gen)
+    table = torch.full((b, max(blocks) + 1), -1, dtype=torch.int32)
+    at = 0
+    for i, nb in enumerate(blocks):
+        table[i, :nb] = phys[at:at + nb].to(torch.int32)
+        at += nb
+    qsl = torch.tensor([0] + ql).cumsum(0).to(torch.int32)
+    t = int(qsl[-1])
+    return dict(q=rnd(t, kvh * grp, d, seed=seed + 1), k_cache=rnd(pool, bs, kvh, d, seed=seed + 2),
+                v_cache=rnd(pool, bs, kvh, d, seed=seed + 3), block_tables=table,
+                seq_lens=torch.tensor(seq, dtype=torch.int32), query_start_loc=qsl, scale=d ** -0.5)
+
+
+def to(kw, device, dtype=None):
+    out = {}
+    for k, v in kw.items():
+        if isinstance(v, torch.Tensor):
+            v = v.to(device)
+            if dtype is not None and v.is_floating_point() and k in ("q", "k_cache", "v_cache"):
+                v = v.to(dtype)
+        out[k] = v
+    return out
+
+
+@pytest.mark.parametrize("window,sinks", [(0, False), (16, True), (5, False)])
+@pytest.mark.parametrize("bi", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_attention(device, window, sinks, bi, dtype):
+    kw = paged_case(20 + window)
+    kw["window"] = window
+    kw["sinks"] = rnd(8, seed=3) if sinks else None
+    ref_in = to(kw, "cpu", dtype)
+    want = REF["paged_attention"](**to(ref_in, "cpu", torch.float32))
+    got = attention.paged_attention(**to(kw, device, dtype), batch_invariant=bi)
+    assert rel(got, want) < TOL[dtype]
+
+
+def test_paged_attention_invariant_mode(device, monkeypatch):
+    """Batch-invariant mode: a sequence alone == its rows of the batch, and a token decoded ==
+    the same token as the last row of a prefill chunk (bitwise). Small splits: several per query."""
+    monkeypatch.setattr(attention, "BI_SPLIT", 64 if device == "cuda" else 32)
+    kw = to(paged_case(31, max_len=300 if device == "cuda" else 90, bs=16, d=64), device, DTYPES[-1])
+    full = attention.paged_attention(**kw, batch_invariant=True)
+    qsl = kw["query_start_loc"].tolist()
+    for b in range(len(qsl) - 1):
+        one = dict(kw, q=kw["q"][qsl[b]:qsl[b + 1]], block_tables=kw["block_tables"][b:b + 1],
+                   seq_lens=kw["seq_lens"][b:b + 1],
+                   query_start_loc=torch.tensor([0, qsl[b + 1] - qsl[b]], dtype=torch.int32, device=device))
+        assert torch.equal(attention.paged_attention(**one, batch_invariant=True), full[qsl[b]:qsl[b + 1]])
+        dec = dict(one, q=one["q"][-1:], query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=device))
+        assert torch.equal(attention.paged_attention(**dec, batch_invariant=True), full[qsl[b + 1] - 1:qsl[b + 1]])
+
+
+@pytest.mark.parametrize("fmts", [("none",), ("mxfp8", "fp4_e4m3"), ("none", "mxfp4")])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_sparse_attention(device, fmts, sinks):
+    t, h, d = 9, 8, 64
+    kv, idx = [], []
+    for i, f in enumerate(fmts):
+        rows = rnd(3 * 16, d, seed=40 + i)
+        kv.append(rows.view(3, 16, d) if f == "none" else REF["kv_quantize"](rows, f).view(3, 16, -1))
+        ind = torch.randint(0, 48, (t, 7 + i), generator=g(i)).to(torch.int32)
+        ind[torch.rand(t, 7 + i, generator=g(i + 9)) < 0.3] = -1
+        ind[0] = -1
+        idx.append(ind)
+    q = rnd(t, h, d, seed=50)
+    s = rnd(h, seed=51) if sinks else None
+    want = REF["sparse_attention"](q, kv, idx, d ** -0.5, s, list(fmts))
+    got = attention.sparse_attention(q.to(device), [c.to(device) for c in kv], [i.to(device) for i in idx],
+                                     d ** -0.5, None if s is None else s.to(device), list(fmts))
+    assert rel(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["none", "mxfp4"])
+def test_indexer_topk_exact(device, fmt):
+    gen = g(60)
+    b, bs, ratio, h, dk, topk = 3, 8, 4, 4, 64, 6
+    toks = [70, 9, 33]
+    ql = [3, 1, 33]
+    ents = [max(1, n // ratio) for n in toks]
+    blocks = [math.ceil(e / bs) for e in ents]
+    pool = sum(blocks) + 1
+    phys = torch.randperm(pool, generator=gen)
+    table = torch.full((b, max(blocks)), -1, dtype=torch.int32)
+    at = 0
+    for i, nb in enumerate(blocks):
+        table[i, :nb] = phys[at:at + nb].to(torch.int32)
+        at += nb
+    qsl = torch.tensor([0] + ql).cumsum(0).to(torch.int32)
+    pos = torch.cat([torch.arange(n - q, n) for n, q in zip(toks, ql)])
+    # small integers: exact scores, many ties, so the tie order is exercised exactly
+    rows = torch.randint(-2, 3, (pool * bs, dk), generator=gen).float()
+    k_cache = rows.view(pool, bs, dk) if fmt == "none" else REF["kv_quantize"](rows, fmt).view(pool, bs, -1)
+    t = int(qsl[-1])
+    q = torch.randint(-2, 3, (t, h, dk), generator=gen).float()
+    w = torch.randint(-2, 3, (t, h), generator=gen).float()
+    args = (q, w, k_cache, table, qsl, pos, ratio, topk, fmt)
+    want = REF["indexer_topk"](*args)
+    got = indexer.indexer_topk(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+    assert torch.equal(got.cpu(), want)
+
+
+# ------------------------------------------------------------------------------ small ops, sampling
+def test_routing_and_sinkhorn(device):
+    logits, bias = rnd(21, 16, seed=70, std=2), rnd(16, seed=71, std=0.1)
+    for scoring in ("sqrtsoftplus", "softmax", "sigmoid"):
+        w, ids = moe.moe_route_topk(logits.to(device), bias.to(device), 4, scoring, True, 1.5)
+        rw, rids = REF["moe_route_topk"](logits, bias, 4, scoring, True, 1.5)
+        assert torch.equal(ids.cpu(), rids) and rel(w, rw) < 1e-6
+    tid = torch.stack([torch.randperm(16, generator=g(i))[:3] for i in range(50)])
+    toks = torch.randint(0, 50, (21,), generator=g(72))
+    w, ids = moe.moe_route_hash(logits.to(device), toks.to(device), tid.to(device), "sigmoid", True, 1.0)
+    rw, rids = REF["moe_route_hash"](logits, toks, tid, "sigmoid", True, 1.0)
+    assert torch.equal(ids.cpu(), rids) and rel(w, rw) < 1e-6
+    mix, scale, base = rnd(11, 24, seed=73), torch.tensor([0.5, 1.0, 2.0]), rnd(24, seed=74, std=0.5)
+    got = misc.hc_split_sinkhorn(mix.to(device), scale.to(device), base.to(device), 4, 20, 1e-6)
+    for a, b in zip(got, REF["hc_split_sinkhorn"](mix, scale, base, 4, 20, 1e-6)):
+        assert rel(a, b) < 1e-5
+
+
+def test_small_ops(device):
+    ids, table = torch.tensor([3, 0, 7, 3]), rnd(9, 16, seed=80)
+    assert torch.equal(misc.embedding(ids.to(device), table.to(device)).cpu(), REF["embedding"](ids, table))
+    with pytest.raises(ValueError):
+        misc.embedding(torch.tensor([9]), table) if device == "cpu" else (_ for _ in ()).throw(ValueError)
+    gu = rnd(5, 64, seed=81, std=3)
+    assert rel(misc.swiglu(gu.to(device), 1.0), REF["swiglu"](gu, 1.0)) < 1e-6
+    cache, vals = rnd(3, 4, 8, seed=82), rnd(5, 8, seed=83)
+    slots = torch.tensor([4, -1, 11, 0, -1])
+    mine = cache.clone().to(device)
+    misc.cache_write(mine, slots.to(device), vals.to(device))
+    REF["cache_write"](cache, slots, vals)
+    assert torch.equal(mine.cpu(), cache)
+
+
+def test_log_softmax_and_sample(device):
+    logits = rnd(6, 5000, seed=90, std=3.0)
+    assert rel(sampling.log_softmax(logits.to(device)), REF["log_softmax"](logits)) < 1e-6
+    b, v = 8, 300
+    lg = rnd(b, v, seed=91, std=2.0)
+    args = dict(logits=lg, temperature=torch.tensor([0, 0.7, 1.0, 1.3, 0.5, 1.0, 0.9, 0.0]),
+                top_k=torch.tensor([0, 0, 5, 0, 50, 0, 3, 4], dtype=torch.int32),
+                top_p=torch.tensor([1.0, 1.0, 1.0, 0.5, 0.9, 1.0, 1.0, 1.0]),
+                min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0]),
+                seeds=torch.arange(b) * 7919 + 3, positions=torch.arange(b) + 100)
+    want = REF["sample"](**args)
+    got = sampling.sample(**{k: t.to(device) for k, t in args.items()})
+    assert torch.equal(got.cpu(), want)
+    pen = dict(logits=lg, token_counts=torch.randint(0, 3, (b, v), generator=g(92)).to(torch.int32),
+               prompt_mask=torch.rand(b, v, generator=g(93)) < 0.1, repetition=torch.full((b,), 1.2),
+               presence=torch.full((b,), 0.3), frequency=torch.full((b,), 0.1))
+    got = sampling.apply_penalties(**{k: t.to(device) for k, t in pen.items()})
+    assert rel(got, REF["apply_penalties"](**pen)) < 1e-7
