@@ -11,7 +11,6 @@ from shuili.platforms.nvidia import plugin
 
 def test_plugin_import_is_cheap():
     # the plugin module may be imported by `shuili platforms` on any host
-    assert "shuili.platforms.nvidia.attention" not in sys.modules or True
     src = open(plugin.__file__).read().split("def probe")[0]
     assert "import triton" not in src and "torch.cuda" not in src
 

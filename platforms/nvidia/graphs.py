@@ -1,0 +1,45 @@
+"""CUDA graphs for decode: capture a step function once per batch-size bucket, replay it.
+
+Every op of this platform is capture-safe: no host syncs while capturing (device-side asserts
+replace input checks, grids depend on shapes only, sampling always takes the filtering path).
+A runner copies each step's inputs into the bucket's static buffers and replays; rows beyond the
+live batch are padding whose outputs the caller ignores (pad slot_mapping with -1 so padded rows
+write nothing).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+class GraphedStep:
+    """fn(*static_inputs) -> tensor or tuple of tensors, captured for one fixed set of shapes."""
+
+    def __init__(self, fn: Callable, static_inputs: tuple[torch.Tensor, ...], warmup: int = 2,
+                 pool=None):
+        self.inputs = static_inputs
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):  # compiles kernels and settles the allocator outside the graph
+                fn(*static_inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.outputs = fn(*static_inputs)
+
+    def __call__(self, *inputs: torch.Tensor):
+        for dst, src in zip(self.inputs, inputs):
+            dst[: src.shape[0]].copy_(src)
+        self.graph.replay()
+        return self.outputs
+
+
+def bucket(n: int) -> int:
+    for b in BUCKETS:
+        if b >= n:
+            return b
+    raise ValueError(f"batch of {n} exceeds the largest graph bucket {BUCKETS[-1]}; run it eagerly")
