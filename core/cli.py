@@ -46,6 +46,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--overlap", action="store_true", default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (results do not depend on it; 1 is fastest for the "
+                        "reference platform's small tiled GEMMs on a busy machine)")
 
 
 def _config(args):
@@ -61,6 +64,11 @@ def _config(args):
 
 def _llm(args):
     from shuili.core.api import LLM
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     return LLM(config=_config(args))
 
