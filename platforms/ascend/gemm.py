@@ -13,7 +13,8 @@ import weakref
 import torch
 
 from shuili.hal.types import Weight
-from shuili.platforms.ascend.host import took
+from shuili.platforms.ascend.host import on_host, took
+from shuili.platforms.reference.numerics import tree_sum
 
 TILE = 16  # batch-invariant mode: every matmul has exactly TILE rows
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -47,26 +48,17 @@ def tiled_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out[:m]
 
 
-def _scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
-    x = logits.to(torch.float32)
-    if scoring == "sigmoid":
-        return torch.sigmoid(x)
-    if scoring == "softmax":
-        return torch.softmax(x, dim=-1)
-    if scoring == "sqrtsoftplus":
-        return torch.sqrt(torch.nn.functional.softplus(x))
-    raise ValueError(f"unknown scoring {scoring!r}; use sqrtsoftplus, softmax or sigmoid")
-
-
 def _finish(w: torch.Tensor, renormalize: bool, scaling: float) -> torch.Tensor:
     w = w.to(torch.float32)
-    if renormalize:
-        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    if renormalize:  # fixed-tree sum of elementwise adds: the same bits for a row alone or batched
+        w = w / (tree_sum(w) + 1e-20)[:, None]
     return w * scaling
 
 
 def build(api, mode) -> dict:
     npu = api.ops
+    # sqrtsoftplus (DeepSeek-V4) has no norm_type: the reference's batch-invariant code on the host
+    host_topk, host_hash = on_host("moe_route_topk"), on_host("moe_route_hash")
 
     def _gating_fits(logits, topk, scoring):
         e = logits.shape[-1]
@@ -84,11 +76,7 @@ def build(api, mode) -> dict:
             ids = ids.to(torch.int64)
             # only renorm=0 exists and norm_type 1 always renormalises: weights come from normOut
             return _finish(norm.gather(1, ids), renormalize, scaling), ids
-        took("moe_route_topk:torch")
-        s = _scores(logits, scoring)
-        sel = s if bias is None else s + bias.to(torch.float32)
-        ids = torch.argsort(-sel, dim=-1, stable=True)[:, :topk]
-        return _finish(s.gather(1, ids), renormalize, scaling), ids
+        return host_topk(logits, bias, topk, scoring, renormalize, scaling)
 
     def moe_route_hash(logits, token_ids, tid2eid, scoring, renormalize, scaling):
         k = tid2eid.shape[1]
@@ -100,9 +88,7 @@ def build(api, mode) -> dict:
                 routed_scaling_factor=1.0, eps=1e-20)
             ids = ids.to(torch.int64)
             return _finish(norm.gather(1, ids), renormalize, scaling), ids
-        took("moe_route_hash:torch")
-        ids = tid2eid.to(torch.int64)[token_ids.to(torch.int64)]
-        return _finish(_scores(logits, scoring).gather(1, ids), renormalize, scaling), ids
+        return host_hash(logits, token_ids, tid2eid, scoring, renormalize, scaling)
 
     def linear(x, w, bias=None):
         wd = dense_weight(w, x.dtype)
@@ -149,20 +135,26 @@ def build(api, mode) -> dict:
         if t == 0:
             return torch.zeros(0, x.shape[1], dtype=x.dtype, device=x.device)
         took("moe_experts:npu_moe_init_routing_v2")
+        # float32 from routing to combine: the contract forms a = silu(g) * u in float32 and sums
+        # the k expert outputs at >= float32; bf16 intermediates (three extra roundings) leave
+        # the tolerance. A bf16 GMM with float32 output (output_dtype) is the faster variant to
+        # validate on hardware.
+        xf = x.to(torch.float32)
         ex, row_idx, counts, _ = npu.npu_moe_init_routing_v2(
-            x=x, expert_idx=topk_ids.to(torch.int32), active_num=t * k, expert_num=e,
+            x=xf, expert_idx=topk_ids.to(torch.int32), active_num=t * k, expert_num=e,
             expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=-1,
             active_expert_range=[0, e])
-        h = _grouped(ex, dense_weight(w13, x.dtype), counts)
-        g, u = h.to(torch.float32).chunk(2, dim=-1)
+        h = _grouped(ex, dense_weight(w13, torch.float32), counts)
+        g, u = h.chunk(2, dim=-1)
         if swiglu_limit is not None:
             g = g.clamp(max=swiglu_limit)
             u = u.clamp(-swiglu_limit, swiglu_limit)
-        a = (torch.nn.functional.silu(g) * u).to(x.dtype)
-        o = _grouped(a, dense_weight(w2, x.dtype), counts)
+        a = torch.nn.functional.silu(g) * u
+        o = _grouped(a, dense_weight(w2, torch.float32), counts)
         # unpermute sums each token's k rows in j order (documented as deterministic)
-        return npu.npu_moe_token_unpermute(permuted_tokens=o, sorted_indices=row_idx,
-                                           probs=topk_weights.to(o.dtype))
+        y = npu.npu_moe_token_unpermute(permuted_tokens=o, sorted_indices=row_idx,
+                                        probs=topk_weights.to(torch.float32))
+        return y.to(x.dtype)
 
     return {"linear": linear, "grouped_linear": grouped_linear, "moe_experts": moe_experts,
             "moe_route_topk": moe_route_topk, "moe_route_hash": moe_route_hash}

@@ -101,8 +101,10 @@ def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_gro
         need(bias.shape == (e,) and bias.dtype == x.dtype, op,
              f"bias must be [{e}] of x's dtype {x.dtype}, got {bias.dtype}{tuple(bias.shape)}")
     need((input_ids is None) == (tid2eid is None), op, "input_ids and tid2eid go together")
-    xf = x.to(torch.float32)
-    norm = torch.softmax(xf, dim=-1) if norm_type == 0 else torch.sigmoid(xf)
+    # one row at a time: torch's CPU kernels round by position in the tensor (vector body vs
+    # scalar tail), and a per-token kernel's result must not depend on the other tokens
+    act = (lambda r: torch.softmax(r, dim=-1)) if norm_type == 0 else torch.sigmoid
+    norm = torch.stack([act(r.clone()) for r in x.to(torch.float32)]) if t else x.to(torch.float32)
     if tid2eid is not None:
         need(input_ids.shape == (t,) and tid2eid.dim() == 2 and tid2eid.shape[1] == k, op,
              f"hash mode needs input_ids [{t}] and tid2eid [V, {k}]")
