@@ -142,7 +142,7 @@ class Engine:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.schedule_seconds += time.perf_counter() - t0
-        if not out and not self._inflight and not self.scheduler.running:
+        if not out and not out.preempted and not self._inflight and not self.scheduler.running:
             self._unblock()
         prev = self._inflight[1] if self._inflight else None
         res = self._launch(out, prev) if out else None

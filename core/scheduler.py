@@ -3,8 +3,9 @@
 Each step hands out a token budget: running requests first (decode and unfinished prefill
 chunks alike, in admission order), then waiting requests in policy order (FCFS or priority),
 with a prefix-cache lookup on admission. When a running request cannot get blocks, the
-lowest-priority unscheduled running request is preempted by recompute (blocks freed, computed
+lowest-priority running request is preempted by recompute (blocks freed, computed
 tokens reset, back to the front of the queue); no request is admitted in a step that preempted.
+The victim may already hold a chunk in this step: the chunk is withdrawn and its budget returned.
 A scheduled chunk that reaches the end of the known tokens samples one token, which is counted
 as a placeholder until its value is on the host (that is what lets overlap mode schedule step
 N+1 before step N's samples are read back).
@@ -183,19 +184,18 @@ class Scheduler:
                 out.preempted.append(req)
         self._forced.clear()
         budget = self.max_num_batched_tokens
-        queue = list(self.running)
-        i = 0
-        while i < len(queue) and budget > 0:
-            req = queue[i]
-            i += 1
+        for req in list(self.running):
+            if budget <= 0:
+                break
             if req.status is not Status.RUNNING:
-                continue
+                continue  # preempted earlier in this step
             self.kv.release_out_of_window(req)
             n, sample = self._chunk(req, budget)
             if n <= 0:
                 continue  # all known tokens computed; waiting for a sample or a finish
             while not self.kv.allocate(req, n):
-                victim = self._victim([r for r in queue[i - 1:] if r.status is Status.RUNNING])
+                victim = self._victim(self.running)
+                budget += self._unschedule(out, victim)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
@@ -206,6 +206,15 @@ class Scheduler:
         if not out.preempted:
             self._admit(out, budget)
         return out
+
+    @staticmethod
+    def _unschedule(out: SchedulerOutput, req: Request) -> int:
+        """Drop req's chunk from this step (it is about to be preempted); returns its tokens."""
+        for k, c in enumerate(out.chunks):
+            if c.req is req:
+                del out.chunks[k]
+                return c.num_tokens
+        return 0
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while budget > 0 and len(self.running) < self.max_num_seqs:

@@ -126,3 +126,15 @@ def test_duplicate_request_id_is_refused():
     add(s, 3, rid="x")
     with pytest.raises(ValueError, match="already in use"):
         add(s, 3, rid="x")
+
+
+def test_priority_victim_already_scheduled_is_withdrawn():
+    s = make(num_blocks=5, budget=64, policy="priority")
+    lo = add(s, 8, max_tokens=8, priority=5)
+    finish_step(s, s.schedule())  # lo: 8 prompt tokens, 2 blocks
+    hi = add(s, 8, max_tokens=8, priority=0)
+    finish_step(s, s.schedule())  # lo grows to 3 blocks, hi admitted with the last 2
+    out = s.schedule()  # lo (scheduled first) fits; hi needs a block: lo is the victim
+    assert out.preempted == [lo] and [c.req for c in out.chunks] == [hi]
+    assert out.num_tokens == 1 and lo.status is Status.WAITING
+    finish_step(s, out)
