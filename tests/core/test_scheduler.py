@@ -18,8 +18,8 @@ def make(num_blocks=64, budget=16, max_seqs=8, policy="fcfs", max_len=256):
     return Scheduler(kv, max_seqs, budget, max_len, policy)
 
 
-def add(s, n_prompt, max_tokens=4, priority=0, rid=None):
-    r = Request(rid or f"r{len(s.requests)}-{s.next_arrival()}", list(range(1, n_prompt + 1)),
+def add(s, n_prompt, max_tokens=4, priority=0, rid=None, first=1):
+    r = Request(rid or f"r{len(s.requests)}-{s.next_arrival()}", list(range(first, first + n_prompt)),
                 SamplingParams(max_tokens=max_tokens), 0, s.next_arrival(), priority)
     s.add(r)
     return r
@@ -132,7 +132,7 @@ def test_priority_victim_already_scheduled_is_withdrawn():
     s = make(num_blocks=5, budget=64, policy="priority")
     lo = add(s, 8, max_tokens=8, priority=5)
     finish_step(s, s.schedule())  # lo: 8 prompt tokens, 2 blocks
-    hi = add(s, 8, max_tokens=8, priority=0)
+    hi = add(s, 8, max_tokens=8, priority=0, first=100)  # no shared prefix
     finish_step(s, s.schedule())  # lo grows to 3 blocks, hi admitted with the last 2
     out = s.schedule()  # lo (scheduled first) fits; hi needs a block: lo is the victim
     assert out.preempted == [lo] and [c.req for c in out.chunks] == [hi]
