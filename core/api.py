@@ -84,8 +84,8 @@ class LLM:
         slots = self._submit(prompts, params, apply_chat_template, priority)
         done = 0
         while self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.finished and progress is not None:
+            for req in self.engine.step_requests():
+                if req.finished and progress is not None:
                     done += 1
                     progress(done)
         return [s if isinstance(s, RequestOutput) else self.engine.output(s) for s in slots]

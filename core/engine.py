@@ -138,6 +138,10 @@ class Engine:
     # --------------------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """One engine step; returns outputs of the requests that got a token or finished."""
+        return [self.output(r) for r in self.step_requests()]
+
+    def step_requests(self) -> list[Request]:
+        """`step` without building outputs (text decoding is per call): the touched Requests."""
         self.num_steps += 1
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
@@ -151,7 +155,7 @@ class Engine:
         else:
             touched = self._process(*self._inflight) if self._inflight else []
             self._inflight = (out, res) if res is not None else None
-        return [self.output(r) for r in touched]
+        return touched
 
     def _unblock(self) -> None:
         # nothing runs and the head of the queue still cannot get blocks: it never will

@@ -70,23 +70,11 @@ class Request:
     def num_pending_output(self) -> int:
         return len(self.output_token_ids) + self.num_placeholders
 
-    def token_at(self, i: int) -> int:
-        """Token i of prompt + output; -1 for a placeholder."""
-        n = len(self.prompt_token_ids)
-        if i < n:
-            return self.prompt_token_ids[i]
-        i -= n
-        return self.output_token_ids[i] if i < len(self.output_token_ids) else -1
-
     def tokens(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, -1 for placeholders."""
         n = len(self.prompt_token_ids)
         out = self.prompt_token_ids[start:end] + self.output_token_ids[max(start - n, 0):max(end - n, 0)]
         return out + [-1] * (end - start - len(out))
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
 
     @property
     def finished(self) -> bool:

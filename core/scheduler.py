@@ -85,10 +85,6 @@ class WaitingQueue:
         self._drop_finished()
         return heapq.heappop(self._heap)[3] if self.policy == "priority" else self._dq.popleft()
 
-    def __len__(self) -> int:
-        items = (e[3] for e in self._heap) if self.policy == "priority" else self._dq
-        return sum(1 for r in items if r.status is Status.WAITING)
-
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
