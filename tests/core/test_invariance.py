@@ -118,3 +118,27 @@ def test_negative_control_detects_non_invariance(solo_results):
     llm = make_llm(kw)
     got = [bits(o) for o in llm.generate(PROMPTS[:16], PARAMS[:16])]
     assert got != ref
+
+
+class _SlotKeyedSampling:
+    """Sampling noise keyed by batch slot instead of the request seed: the classic bug."""
+
+    def __init__(self, ops):
+        self._ops = ops
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+    def sample(self, logits, temperature, top_k, top_p, min_p, seeds, positions):
+        import torch
+
+        slots = torch.arange(seeds.shape[0], dtype=seeds.dtype)
+        return self._ops.sample(logits, temperature, top_k, top_p, min_p, slots, positions)
+
+
+def test_negative_control_slot_keyed_noise(solo):
+    llm = make_llm()
+    llm.engine.runner.sampler.ops = _SlotKeyedSampling(llm.engine.runner.sampler.ops)
+    idx = list(range(16))
+    got, _ = run(idx, llm)
+    assert got != [solo[i] for i in idx]
