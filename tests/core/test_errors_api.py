@@ -98,12 +98,21 @@ def test_stop_strings_and_token_ids(llm):
     (by_id,) = llm.generate(["stop test"], base.model_copy(update={"stop_token_ids": [tok]}))
     assert by_id.finish_reason == "stop" and by_id.token_ids[-1] == tok
     assert len(by_id.token_ids) == free.token_ids.index(tok) + 1
-    text = free.text
-    stop = text[3:5] if len(text) >= 5 and text[3:5].strip() else None
-    if stop:
-        (by_str,) = llm.generate(["stop test"], base.model_copy(update={"stop": [stop]}))
-        assert by_str.finish_reason == "stop" and stop not in by_str.text
-        assert text.startswith(by_str.text)
+    k = next(i for i, t in enumerate(free.token_ids) if i > 0 and 32 < t < 127)
+    stop = chr(free.token_ids[k])
+    (by_str,) = llm.generate(["stop test"], base.model_copy(update={"stop": [stop]}))
+    assert by_str.finish_reason == "stop" and stop not in by_str.text
+    assert by_str.text == free.text[: free.text.index(stop)]
+    assert by_str.token_ids == free.token_ids[: free.token_ids.index(free.token_ids[k]) + 1]
+
+
+def test_max_model_len_and_min_tokens(llm):
+    (o,) = llm.generate(["x" * 60], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))
+    assert len(o.token_ids) == 4 and o.finish_reason == "length"  # 60 + 4 = max_model_len 64
+    stops = list(range(256))  # every byte stops, but not before min_tokens
+    (m,) = llm.generate(["hi"], SamplingParams(temperature=1.0, seed=0, max_tokens=20, min_tokens=5,
+                                               stop_token_ids=stops))
+    assert len(m.token_ids) >= 5 and all(t not in stops for t in m.token_ids[:4])
 
 
 def test_prompt_logprobs_match_decode_logprobs(llm):
