@@ -1,4 +1,5 @@
-"""Property-based: random arrivals, aborts and forced preemptions on a small cache. After every
+"""Property-based: random arrivals (random priorities), aborts and forced preemptions on a small
+cache, under both policies and both step modes. After every
 step the KV integrity invariant holds; at the end no block leaks, and every request that was not
 aborted produced exactly its solo answer, bit for bit."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ PROMPTS, PARAMS = workload(10, seed=11, shared_prefix="common head ")
 
 events = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.integers(0, 9)),
+        st.tuples(st.just("add"), st.integers(0, 29)),  # workload index + 10 * priority
         st.tuples(st.just("step"), st.integers(1, 3)),
         st.tuples(st.just("abort"), st.integers(0, 30)),
         st.tuples(st.just("preempt"), st.integers(0, 30)),
@@ -27,9 +28,11 @@ def solo(solo_results):
 
 @pytest.mark.parametrize("overlap", [False, True])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(events=events, budget=st.sampled_from([3, 8, 32]), num_blocks=st.sampled_from([12, 20, 64]))
-def test_random_traffic(solo, overlap, events, budget, num_blocks):
-    llm = make_llm(num_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=4, overlap=overlap)
+@given(events=events, budget=st.sampled_from([3, 8, 32]), num_blocks=st.sampled_from([12, 20, 64]),
+       policy=st.sampled_from(["fcfs", "priority"]))
+def test_random_traffic(solo, overlap, events, budget, num_blocks, policy):
+    llm = make_llm(num_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=4, overlap=overlap,
+                   policy=policy)
     eng = llm.engine
     live = []  # (request, workload index)
     aborted = set()
@@ -40,7 +43,8 @@ def test_random_traffic(solo, overlap, events, budget, num_blocks):
 
     for kind, arg in events:
         if kind == "add":
-            live.append((eng.add_request(PROMPTS[arg], PARAMS[arg]), arg))
+            i = arg % 10
+            live.append((eng.add_request(PROMPTS[i], PARAMS[i], priority=arg // 10), i))
         elif kind == "step":
             for _ in range(arg):
                 step()
