@@ -1,7 +1,7 @@
 """Property-based: random arrivals (random priorities), aborts and forced preemptions on a small
-cache, under both policies and both step modes. After every
-step the KV integrity invariant holds; at the end no block leaks, and every request that was not
-aborted produced exactly its solo answer, bit for bit."""
+cache, under both policies and both step modes. After every step the KV integrity invariant
+holds; at the end no block leaks, and every request that was not aborted produced exactly its
+solo answer, bit for bit."""
 from __future__ import annotations
 
 import pytest
