@@ -60,7 +60,7 @@ def _check_names(args) -> None:
 
     for w in args.workload or ():
         workloads.get(w)  # ValueError naming the known workloads
-    bad = [c for c in args.engine_check or () if c not in ENGINE_CHECKS]
+    bad = [c for c in getattr(args, "engine_check", None) or () if c not in ENGINE_CHECKS]
     if bad:
         raise ValueError(f"unknown engine checks {bad}; use {', '.join(ENGINE_CHECKS)}")
 

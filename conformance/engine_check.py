@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import random
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -134,6 +135,7 @@ class Session:
         from shuili.core.api import LLM
 
         fields.setdefault("max_num_seqs", self.w.max_num_seqs)
+        fields.setdefault("num_blocks", self.w.num_blocks)
         fields.setdefault("enable_prefix_caching", False)
         llm = LLM(model=self._factory(), platform=self.platform, **fields)
         self.tokenizer = llm.tokenizer
@@ -213,7 +215,12 @@ def check_workload(workload: Workload, platform: str, seed: int, engine_level: s
     lvl_name = f"bitwise ({level.name})"
 
     def on(name: str) -> bool:
+        if out and "seconds" not in out[-1].details:
+            out[-1].details["seconds"] = round(time.perf_counter() - clock[0], 2)
+        clock[0] = time.perf_counter()
         return want is None or name in want
+
+    clock = [time.perf_counter()]
 
     anchor = run(llm, reqs)
     bad = [(labels[i], s.error) for i, s in enumerate(anchor) if s.error]
@@ -247,6 +254,7 @@ def check_workload(workload: Workload, platform: str, seed: int, engine_level: s
         out.append(_decode_vs_prefill(sess, reqs, anchor, labels, rng, held, hint, prefix, lvl_name))
     if on("cross_platform") and platform != "reference":
         out.append(_cross_platform(workload, resolved, reqs, anchor, labels, prefix))
+    on("")
     return out, EngineRun(anchor, reqs)
 
 
@@ -363,10 +371,23 @@ def _cross_platform(workload, resolved, reqs, anchor, labels, prefix) -> CheckRe
 
 
 # ------------------------------------------------------------------------------------ baselines
-def baseline_body(workload: Workload, platform: str, res: EngineRun) -> dict:
+def text_samples(workload: Workload, platform: str) -> list[dict]:
+    """Per-text perplexity records of the fixed text set (empty unless the workload asks)."""
+    if not workload.ppl_texts:
+        return []
+    from shuili.core import perplexity
+
+    llm = Session(workload, platform).llm()
+    return [baselines.sample_record(r.token_ids, [], r.logprobs)
+            for r in perplexity.engine_perplexity(llm, perplexity.load_texts())]
+
+
+def baseline_body(workload: Workload, platform: str, res: EngineRun, texts: list[dict] | None = None) -> dict:
     modes: dict[str, list[dict]] = {m: [] for m in MODES}
     for r, s in zip(res.reqs, res.anchor):
         mode = "greedy" if r.params.temperature == 0.0 else "seeded"
         modes[mode].append(baselines.sample_record(r.prompt, s.token_ids, s.logprobs))
+    if texts:
+        modes["ppl_texts"] = texts
     return {"platform": platform, "workload": workload.name,
             "modes": {m: {"samples": v} for m, v in modes.items()}}

@@ -72,7 +72,7 @@ def _engine(workload: Workload, platform: str, budget: int, keep_all: bool):
     from shuili.core.api import LLM
 
     llm = LLM(model=workload.model, platform=platform, enable_prefix_caching=False,
-              max_num_batched_tokens=budget, max_num_seqs=4)
+              max_num_batched_tokens=budget, max_num_seqs=4, num_blocks=workload.num_blocks)
     kv = llm.engine.kv
     release = kv.release_out_of_window
     freed = [0]

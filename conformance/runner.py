@@ -58,7 +58,7 @@ def _engine(platform: str, w: workloads.Workload, seed: int, checks, engine_leve
                             message=f"the engine raised {type(exc).__name__}: {exc}")]
     if er.anchor and not any(s.error for s in er.anchor):
         resolved = resolve_platform(PlatformConfig(platform=platform))
-        current = engine_check.baseline_body(w, platform, er)
+        current = engine_check.baseline_body(w, platform, er, engine_check.text_samples(w, platform))
         results.append(baselines.compare(baselines.load(root, platform, w.name), current,
                                          baselines.stack_fingerprint(resolved), f"baseline.{w.name}", root))
     if replay and w.bounded_replay:
@@ -90,7 +90,9 @@ def update_baselines(platform: str, workload_names: list[str], root: str = basel
         if failed:
             raise RuntimeError(f"workload {name} on {platform}: requests failed {failed[:3]}; "
                                "no baseline written")
-        body = engine_check.baseline_body(w, resolved.name, engine_check.EngineRun(anchor, reqs))
+        del llm
+        body = engine_check.baseline_body(w, resolved.name, engine_check.EngineRun(anchor, reqs),
+                                          engine_check.text_samples(w, resolved.name))
         settings = {"max_num_seqs": w.max_num_seqs, "enable_prefix_caching": True,
                     "max_tokens": w.max_tokens, "model": w.model}
         data = baselines.build(resolved.name, w.name, {m: v["samples"] for m, v in body["modes"].items()},

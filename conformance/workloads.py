@@ -6,7 +6,7 @@ needle check are drawn from a seed at run time (recorded in the report).
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 _TEXTS = (
     "Water",
@@ -30,19 +30,24 @@ class Workload(BaseModel):
     top_p: float = 0.95
     top_k: int = 40
     # small knobs: scheduling that crosses block/chunk edges with few tokens
-    max_num_seqs: int = 64
+    max_num_seqs: int = 32
+    num_blocks: int = 256  # KV blocks per group: ample for the batches here, cheap to allocate
     chunk_budgets: tuple[int, ...] = (7, 33)
-    preempt_num_blocks: int = Field(0, description="KV blocks small enough to force preemption; 0 = derive")
     needle_batch_sizes: tuple[int, ...] = (3, 9, 17)
     bounded_replay: bool = False  # the model has a sliding window: run the truncated-vs-full check
     replay_prompt_tokens: int = 0  # prompt length of the bounded-replay check (> the window)
+    ppl_texts: bool = False  # also lock per-text perplexity of conformance/data/ppl_texts.jsonl
 
 
 WORKLOADS: dict[str, Workload] = {
     "tiny-v4": Workload(name="tiny-v4", model="tiny-v4", prompts=_TEXTS, max_tokens=20,
                         bounded_replay=True, replay_prompt_tokens=70),
+    # the CI-sized variant: same checks, two prompts, eight tokens
+    "tiny-v4-quick": Workload(name="tiny-v4-quick", model="tiny-v4", prompts=(_TEXTS[0], _TEXTS[2]),
+                              max_tokens=8, chunk_budgets=(11,), needle_batch_sizes=(3,),
+                              bounded_replay=True, replay_prompt_tokens=40),
     "smollm2-135m": Workload(name="smollm2-135m", model="smollm2-135m", prompts=_TEXTS[:4],
-                             max_tokens=16, chunk_budgets=(13,), needle_batch_sizes=(3, 9)),
+                             max_tokens=16, chunk_budgets=(13,), needle_batch_sizes=(3, 9), ppl_texts=True),
 }
 DEFAULT_WORKLOADS = ("tiny-v4",)
 MODES = ("greedy", "seeded")
