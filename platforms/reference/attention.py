@@ -1,9 +1,12 @@
 """Attention: paged causal attention and sparse (index-selected, K = V) attention.
 
 Per-query by construction: each query gathers exactly its visible keys into a fresh contiguous
-buffer, in a fixed order, and runs its own matmuls, so its bits depend only on its own keys:
-prefill, chunked prefill and decode of one token give identical results, whatever the batch.
-Softmax is `numerics.softmax_last` (float32, fixed-tree denominator, sink in the denominator).
+buffer, in a fixed order, and runs its own matmuls (shapes depend only on its own key count), so
+its bits depend only on its own keys: prefill, chunked prefill and decode of one token give
+identical results, whatever the batch. Only the softmax is shared across the queries of one call:
+logits are padded at the end with -inf, which `numerics.softmax_last` provably ignores bit for bit
+(exact zeros, appended zeros in the fixed tree). Softmax in float32 with the sink in the
+denominator.
 """
 from __future__ import annotations
 
@@ -14,20 +17,35 @@ import torch
 from shuili.platforms.reference import numerics
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            sinks: torch.Tensor | None) -> torch.Tensor:
-    """q [H, D]; k, v [n, KVH, D] float32 -> [H, D] float32. Head h reads kv head h // (H / KVH)."""
+def _logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [H, D]; k [n, KVH, D] -> float32 [H, n]; head h reads kv head h // (H / KVH)."""
     h, d = q.shape
-    n, kvh, dv = v.shape
-    g = h // kvh
-    qg = q.reshape(kvh, g, d).contiguous()
+    n, kvh, _ = k.shape
+    qg = q.reshape(kvh, h // kvh, d).contiguous()
     kt = k.permute(1, 2, 0).contiguous()  # [KVH, D, n]
-    vg = v.permute(1, 0, 2).contiguous()  # [KVH, n, D]
-    logits = torch.bmm(qg, kt).reshape(h, n) * scale
-    p = numerics.softmax_last(logits, None if sinks is None else sinks.to(torch.float32))
+    return torch.bmm(qg, kt).reshape(h, n) * scale
+
+
+def _weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """p [H, n]; v [n, KVH, Dv] -> [H, Dv]."""
+    h, n = p.shape
+    kvh, dv = v.shape[1], v.shape[2]
     if n == 0:
         return torch.zeros(h, dv, dtype=torch.float32)
-    return torch.bmm(p.reshape(kvh, g, n).contiguous(), vg).reshape(h, dv)
+    vg = v.permute(1, 0, 2).contiguous()  # [KVH, n, Dv]
+    return torch.bmm(p.reshape(kvh, h // kvh, n).contiguous(), vg).reshape(h, dv)
+
+
+def _attend_many(qs: list[torch.Tensor], ks: list[torch.Tensor], vs: list[torch.Tensor],
+                 scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Queries qs[i] [H, D] over their own keys ks[i], values vs[i] [n_i, KVH, D] -> [len, H, Dv]."""
+    logits = [_logits(q, k, scale) for q, k in zip(qs, ks)]
+    width = max((lg.shape[1] for lg in logits), default=0)
+    padded = torch.full((len(qs), qs[0].shape[0] if qs else 0, width), float("-inf"))
+    for i, lg in enumerate(logits):
+        padded[i, :, :lg.shape[1]] = lg
+    p = numerics.softmax_last(padded, None if sinks is None else sinks.to(torch.float32))
+    return torch.stack([_weighted(p[i, :, :lg.shape[1]], v) for i, (lg, v) in enumerate(zip(logits, vs))])
 
 
 def _slots(block_table: torch.Tensor, entries: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -38,8 +56,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float, window: int = 0,
                     sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal (optionally sliding-window) attention, one query at a time: query at position p
-    reads kv positions max(0, p - window + 1) .. p in increasing order (see `_attend`).
+    """Causal (optionally sliding-window) attention: query at position p reads kv positions
+    max(0, p - window + 1) .. p in increasing order; logits q K^T * scale by one matmul per query,
+    softmax as in the module doc, output p V by one matmul per query.
     """
     t, h, d = q.shape
     nb, bs, kvh, dk = k_cache.shape
@@ -55,8 +74,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                          f"the {t} query tokens")
     kf = k_cache.view(nb * bs, kvh, dk)
     vf = v_cache.view(nb * bs, kvh, v_cache.shape[-1])
-    out = torch.empty(t, h, v_cache.shape[-1], dtype=torch.float32)
     qf = q.to(torch.float32)
+    qs, ks, vs = [], [], []
     for b, length in enumerate(lens):
         q_len = qsl[b + 1] - qsl[b]
         if q_len > length:
@@ -65,13 +84,21 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if -(-length // bs) > block_tables.shape[1]:
             raise ValueError(f"sequence {b} needs {-(-length // bs)} blocks, block_tables has "
                              f"{block_tables.shape[1]} columns")
+        if q_len == 0:
+            continue
+        first = length - q_len
+        lo0 = max(0, first - window + 1) if window > 0 else 0
+        slots = _slots(block_tables[b], torch.arange(lo0, length), bs)
+        kseq, vseq = kf[slots].to(torch.float32), vf[slots].to(torch.float32)
         for i in range(q_len):
-            p = length - q_len + i
+            p = first + i
             lo = max(0, p - window + 1) if window > 0 else 0
-            slots = _slots(block_tables[b], torch.arange(lo, p + 1), bs)
-            k = kf[slots].to(torch.float32)
-            v = vf[slots].to(torch.float32)
-            out[qsl[b] + i] = _attend(qf[qsl[b] + i], k, v, scale, sinks)
+            qs.append(qf[qsl[b] + i])
+            ks.append(kseq[lo - lo0:p + 1 - lo0])
+            vs.append(vseq[lo - lo0:p + 1 - lo0])
+    out = torch.zeros(t, h, v_cache.shape[-1], dtype=torch.float32)
+    if qs:
+        out[:] = _attend_many(qs, ks, vs, scale, sinks)
     return out.to(q.dtype)
 
 
@@ -97,7 +124,7 @@ def sparse_attention(q: torch.Tensor, kv: Sequence[torch.Tensor], indices: Seque
                      scale: float, sinks: torch.Tensor | None = None,
                      kv_formats: Sequence[str] | None = None) -> torch.Tensor:
     """Per query t: the valid entries of cache 0 (in index order), then of cache 1, ..., are
-    dequantized into one [n, D] buffer; logits q_t K^T * scale, softmax with sinks, output p K.
+    dequantized into one [n, D] buffer K; logits q_t K^T * scale, softmax with sinks, output p K.
     """
     t, h, d = q.shape
     if len(kv) != len(indices):
@@ -109,12 +136,14 @@ def sparse_attention(q: torch.Tensor, kv: Sequence[torch.Tensor], indices: Seque
         if idx.dim() != 2 or idx.shape[0] != t:
             raise ValueError(f"indices[{i}] has shape {tuple(idx.shape)}, expected [{t}, L]")
     qf = q.to(torch.float32)
-    out = torch.empty(t, h, d, dtype=torch.float32)
+    ks = []
     for ti in range(t):
-        parts = []
+        parts = [torch.zeros(0, d)]
         for cache, idx, fmt in zip(kv, indices, fmts):
             row = idx[ti].to(torch.int64)
             parts.append(_rows(cache, fmt, d, row[row >= 0]))
-        k = torch.cat(parts).contiguous() if parts else torch.zeros(0, d)
-        out[ti] = _attend(qf[ti], k[:, None, :], k[:, None, :], scale, sinks)
+        ks.append(torch.cat(parts)[:, None, :])
+    if t == 0:
+        return torch.zeros(0, h, d, dtype=q.dtype)
+    out = _attend_many(list(qf), ks, ks, scale, sinks)
     return out.to(q.dtype)

@@ -116,7 +116,10 @@ def rsqrt(x: torch.Tensor) -> torch.Tensor:
 def softmax_last(x: torch.Tensor, extra_logit: torch.Tensor | None = None) -> torch.Tensor:
     """float32 softmax over the last dim: subtract the row max, `exp`, divide by the `tree_sum`.
     extra_logit [...] (broadcast over the rows) joins the max and the denominator but gets no output
-    column (an attention sink). A row with no entries and no extra logit is all zeros.
+    column (an attention sink). A row with no finite entry and no extra logit is all zeros.
+    Entries of -inf get exactly 0 and do not change the other entries' bits: exp gives an exact
+    zero, and zeros appended to a row only fold onto it as x + 0 = x, so a row padded at
+    its end with -inf to any width gives the bits of the unpadded row (attention relies on it).
     """
     x = x.to(torch.float32)
     if x.shape[-1] == 0 and extra_logit is None:
@@ -130,4 +133,5 @@ def softmax_last(x: torch.Tensor, extra_logit: torch.Tensor | None = None) -> to
     denom = tree_sum(e)
     if extra_logit is not None:
         denom = denom + exp(extra - m)
-    return e / denom[..., None]
+    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+    return torch.where((denom > 0)[..., None], e / safe[..., None], torch.zeros_like(e))

@@ -65,3 +65,16 @@ def test_softmax_with_sink(gen):
     torch.testing.assert_close(p, want, rtol=1e-6, atol=1e-7)
     assert N.softmax_last(torch.zeros(2, 0)).shape == (2, 0)
     assert N.softmax_last(torch.zeros(2, 0), torch.zeros(2)).shape == (2, 0)
+
+
+def test_softmax_ignores_trailing_minus_inf_padding_bitwise(gen):
+    # attention pads each query's logits to a shared width; the bits must not move
+    for n in (1, 3, 8, 9, 31):
+        row = torch.randn(2, n, generator=gen) * 4
+        sink = torch.randn(2, generator=gen)
+        alone = N.softmax_last(row, sink)
+        for width in (n, n + 1, 2 * n + 5, 64):
+            padded = torch.full((2, width), float("-inf"))
+            padded[:, :n] = row
+            got = N.softmax_last(padded, sink)
+            assert torch.equal(got[:, :n], alone) and not got[:, n:].any()
