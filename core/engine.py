@@ -24,7 +24,7 @@ from shuili.hal import resolve_platform
 
 log = logging.getLogger("shuili.engine")
 
-NAN_ERROR = ("the model produced NaN logits for this request (a numerical fault in the model, its "
+NAN_ERROR = ("the model produced NaN (or all -inf) logits for this request (a numerical fault in the model, its "
              "weights or its dtype); it was stopped and its KV blocks freed. Check the checkpoint and "
              "dtype; other requests are unaffected")
 

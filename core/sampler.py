@@ -2,8 +2,8 @@
 
 Per-row inputs only (seed, absolute position, the request's own tokens), so a row's result
 cannot depend on its batch. Logprobs are of the raw model distribution (before temperature,
-penalties and filtering), float32. A row whose logits hold NaN is sampled from zeros and flagged
-`bad`; the engine finishes that request with an error.
+penalties and filtering), float32. A row whose logits hold NaN (or are all -inf) is sampled from
+zeros and flagged `bad`; the engine finishes that request with an error.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow], prev=None, eos: tuple[int, ...] = ()):
         """logits float32 [S, V] -> (tokens int64 [S], logprobs float32 [S], bad bool [S])."""
-        bad = torch.isnan(logits).any(dim=-1)
+        bad = torch.isnan(logits).any(dim=-1) | torch.isneginf(logits).all(dim=-1)
         logits = torch.where(bad[:, None], torch.zeros((), dtype=logits.dtype, device=logits.device), logits)
         raw_lp = self.ops.log_softmax(logits)
         proc = logits.to(torch.float32).clone()
