@@ -18,10 +18,14 @@ from toy_model import factory  # noqa: E402
 from shuili import LLM, SamplingParams  # noqa: E402
 
 
+# SHUILI_TEST_PLATFORM=nvidia runs the same engine checks on another platform's ops
+PLATFORM = os.environ.get("SHUILI_TEST_PLATFORM", "reference")
+
+
 def make_llm(model_kw=None, **engine_kw) -> LLM:
     kw = dict(tokens_per_block=4, num_blocks=256, max_num_batched_tokens=64, max_num_seqs=32)
     kw.update(engine_kw)
-    return LLM(model=factory(**(model_kw or {})), platform="reference", **kw)
+    return LLM(model=factory(**(model_kw or {})), platform=PLATFORM, **kw)
 
 
 def bits(out) -> tuple:

@@ -108,7 +108,8 @@ class ToyModel:
         for b in range(len(qsl) - 1):
             if (batch.input_ids[qsl[b]:qsl[b + 1]] == self.nan_token).any():
                 bad_rows.update(range(qsl[b], qsl[b + 1]))
-        mask = torch.tensor([int(r) in bad_rows for r in batch.logits_indices.tolist()], dtype=torch.bool)
+        mask = torch.tensor([int(r) in bad_rows for r in batch.logits_indices.tolist()], dtype=torch.bool,
+                            device=logits.device)
         return torch.where(mask[:, None], torch.full_like(logits, float("nan")), logits)
 
 
