@@ -6,6 +6,7 @@ import pytest
 from conftest import bits, workload
 
 from shuili import LLM
+from conftest import PLATFORM
 
 pytest.importorskip("shuili.core.models.deepseek_v4")
 
@@ -15,7 +16,7 @@ PROMPTS, PARAMS = workload(6, seed=5, shared_prefix="x" * 40)
 
 
 def make(**kw):
-    base = dict(model="tiny-v4", platform="reference", tokens_per_block=16, max_num_seqs=8,
+    base = dict(model="tiny-v4", platform=PLATFORM, tokens_per_block=16, max_num_seqs=8,
                 max_num_batched_tokens=256)
     base.update(kw)
     return LLM(**base)
