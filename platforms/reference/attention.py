@@ -17,12 +17,18 @@ import torch
 from shuili.platforms.reference import numerics
 
 
+def _fresh(x: torch.Tensor) -> torch.Tensor:
+    """A new contiguous buffer (fresh allocations are 64-byte aligned): matmul inputs never start
+    at an offset that depends on where the query sat in its batch."""
+    return x.clone(memory_format=torch.contiguous_format)
+
+
 def _logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """q [H, D]; k [n, KVH, D] -> float32 [H, n]; head h reads kv head h // (H / KVH)."""
     h, d = q.shape
     n, kvh, _ = k.shape
-    qg = q.reshape(kvh, h // kvh, d).contiguous()
-    kt = k.permute(1, 2, 0).contiguous()  # [KVH, D, n]
+    qg = _fresh(q.reshape(kvh, h // kvh, d))
+    kt = _fresh(k.permute(1, 2, 0))  # [KVH, D, n]
     return torch.bmm(qg, kt).reshape(h, n) * scale
 
 
@@ -32,8 +38,8 @@ def _weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     kvh, dv = v.shape[1], v.shape[2]
     if n == 0:
         return torch.zeros(h, dv, dtype=torch.float32)
-    vg = v.permute(1, 0, 2).contiguous()  # [KVH, n, Dv]
-    return torch.bmm(p.reshape(kvh, h // kvh, n).contiguous(), vg).reshape(h, dv)
+    vg = _fresh(v.permute(1, 0, 2))  # [KVH, n, Dv]
+    return torch.bmm(_fresh(p.reshape(kvh, h // kvh, n)), vg).reshape(h, dv)
 
 
 def _attend_many(qs: list[torch.Tensor], ks: list[torch.Tensor], vs: list[torch.Tensor],

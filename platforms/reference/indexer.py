@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from shuili.platforms.reference.attention import _rows, _slots
+from shuili.platforms.reference.attention import _fresh, _rows, _slots
 from shuili.platforms.reference.numerics import tree_sum
 
 
@@ -34,7 +34,7 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
                 raise ValueError(f"query {ti} sees {n} entries but block_tables has only "
                                  f"{block_tables.shape[1]} blocks of {bs}")
             keys = _rows(k_cache, k_format, dk, _slots(block_tables[b], torch.arange(n), bs))
-            dots = torch.mm(qf[ti].contiguous(), keys.t().contiguous())  # [H, n]
+            dots = torch.mm(_fresh(qf[ti]), _fresh(keys.t()))  # [H, n]
             score = tree_sum((wf[ti][:, None] * dots.clamp_min(0.0)).t())  # [n]
             order = torch.sort(score, descending=True, stable=True).indices[:topk]
             out[ti, :order.numel()] = order.to(torch.int32)

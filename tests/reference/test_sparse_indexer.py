@@ -102,3 +102,17 @@ def test_indexer_ties_to_lower_entry_and_formats(ops, gen):
     b = ops["indexer_topk"](qr, torch.ones(1, 2), ints.reshape(k_cache.shape[0], 4, 32), bt,
                             torch.tensor([0, 1], dtype=torch.int32), torch.tensor([15]), 2, 8)
     assert torch.equal(a, b)
+
+
+def test_indexer_query_alone_equals_batched(ops, gen):
+    k_cache, bt = _indexer_setup(gen, [12, 7], 4, 4, 32)
+    q = torch.randn(9, 4, 32, generator=gen)
+    w = torch.randn(9, 4, generator=gen)
+    pos = torch.tensor([3, 9, 22, 23, 40, 2, 6, 13, 27])
+    qsl = torch.tensor([0, 5, 9], dtype=torch.int32)
+    full = ops["indexer_topk"](q, w, k_cache, bt, qsl, pos, 2, 6)
+    for t in range(9):
+        b = 0 if t < 5 else 1
+        one = ops["indexer_topk"](q[t:t + 1], w[t:t + 1], k_cache, bt[b:b + 1],
+                                  torch.tensor([0, 1], dtype=torch.int32), pos[t:t + 1], 2, 6)
+        assert torch.equal(one[0], full[t]), t
