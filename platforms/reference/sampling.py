@@ -9,7 +9,6 @@ order never reaches the result.
 """
 from __future__ import annotations
 
-
 import torch
 
 from shuili.core import noise
