@@ -62,12 +62,13 @@ def exp(x: torch.Tensor) -> torch.Tensor:
 
 
 def log64(x: torch.Tensor) -> torch.Tensor:
-    """Natural log in float64 for positive normal float64 x: x = m 2^e with m in [sqrt(1/2),
-    sqrt(2)), log m = 2 atanh((m-1)/(m+1)) by series. 0 -> -inf, negative -> nan, inf -> inf.
+    """Natural log in float64: x = m 2^e with m in [sqrt(1/2), sqrt(2)) (subnormals rescaled
+    exactly first), log m = 2 atanh((m-1)/(m+1)) by series. 0 -> -inf, negative -> nan, inf -> inf.
     """
     x = x.to(torch.float64)
-    bits = x.view(torch.int64)
-    e = ((bits >> 52) & 0x7FF) - 1023
+    sub = (x > 0) & (x < 2.0 ** -1022)  # subnormal: scale into the normal range first (exact)
+    bits = torch.where(sub, x * 2.0 ** 54, x).contiguous().view(torch.int64)
+    e = ((bits >> 52) & 0x7FF) - 1023 - 54 * sub.to(torch.int64)
     m = ((bits & 0xFFFFFFFFFFFFF) | (1023 << 52)).view(torch.float64)  # mantissa in [1, 2)
     big = m > math.sqrt(2.0)
     m = torch.where(big, m * 0.5, m)

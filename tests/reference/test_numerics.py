@@ -38,9 +38,9 @@ def test_special_values():
     e = N.exp(torch.tensor([-math.inf, math.inf, 0.0, -200.0, 200.0])).tolist()
     assert e == [0.0, math.inf, 1.0, 0.0, math.inf]
     assert math.isnan(float(N.exp(torch.tensor([math.nan]))))
-    lg = N.log64(torch.tensor([0.0, 1.0, math.e, -1.0, math.inf], dtype=torch.float64)).tolist()
+    lg = N.log64(torch.tensor([0.0, 1.0, math.e, -1.0, math.inf, 5e-324], dtype=torch.float64)).tolist()
     assert lg[0] == -math.inf and lg[1] == 0.0 and abs(lg[2] - 1) < 1e-15 and math.isnan(lg[3])
-    assert lg[4] == math.inf
+    assert lg[4] == math.inf and abs(lg[5] - math.log(5e-324)) < 1e-12
     assert N.softplus(torch.tensor([-120.0])).item() == _f32(math.exp(-120.0))
 
 
