@@ -14,6 +14,7 @@ import torch
 
 from shuili.hal.types import Weight
 from shuili.platforms.ascend.host import on_host, took
+from shuili.platforms.ascend.norm_rope import silu
 from shuili.platforms.reference.numerics import tree_sum
 
 TILE = 16  # batch-invariant mode: every matmul has exactly TILE rows
@@ -149,7 +150,7 @@ def build(api, mode) -> dict:
         if swiglu_limit is not None:
             g = g.clamp(max=swiglu_limit)
             u = u.clamp(-swiglu_limit, swiglu_limit)
-        a = torch.nn.functional.silu(g) * u
+        a = silu(g) * u
         o = _grouped(a, dense_weight(w2, torch.float32), counts)
         # unpermute sums each token's k rows in j order (documented as deterministic)
         y = npu.npu_moe_token_unpermute(permuted_tokens=o, sorted_indices=row_idx,

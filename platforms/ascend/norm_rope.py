@@ -8,6 +8,17 @@ from shuili.platforms.ascend.host import on_host, took
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """float32 SiLU. On the CPU (the simulator) torch's vectorised kernels round by position in
+    the tensor, so the reference's position-independent recipe is used there; NPU vector units
+    apply one instruction sequence to every element, so torch's kernel is used on the device."""
+    if x.device.type == "cpu":
+        from shuili.platforms.reference.numerics import silu as exact_silu
+
+        return exact_silu(x)
+    return torch.nn.functional.silu(x)
+
+
 def build(api, mode) -> dict:
     npu = api.ops
     ones: dict = {}
@@ -71,7 +82,7 @@ def build(api, mode) -> dict:
         g, u = gate_up.to(torch.float32).chunk(2, dim=-1)
         g = g.clamp(max=limit)
         u = u.clamp(-limit, limit)
-        return (torch.nn.functional.silu(g) * u).to(gate_up.dtype)
+        return (silu(g) * u).to(gate_up.dtype)
 
     def embedding(ids, table):
         v = table.shape[0]

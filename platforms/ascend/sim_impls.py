@@ -29,6 +29,15 @@ def _dummy() -> torch.Tensor:
     return torch.zeros(1)
 
 
+def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn applied to each row x[i] (a fresh contiguous tensor) separately. torch's CPU kernels
+    round an element differently in the vector body and the scalar tail, so a whole-tensor call
+    would make a row's bits depend on the rows before it, which a per-token NPU kernel does not."""
+    if x.shape[0] == 0:
+        return fn(x)
+    return torch.stack([fn(r.clone()) for r in x])
+
+
 # ------------------------------------------------------------------------------------ norm etc.
 def npu_rms_norm(input, gamma, epsilon=1e-6):
     op = "npu_rms_norm"
@@ -38,11 +47,11 @@ def npu_rms_norm(input, gamma, epsilon=1e-6):
     nd = gamma.dim()
     need(tuple(input.shape[-nd:]) == tuple(gamma.shape), op,
          f"gamma shape {tuple(gamma.shape)} != trailing dims of input {tuple(input.shape)}")
-    dims = tuple(range(-nd, 0))
-    xf = input.to(torch.float32)
-    rstd = torch.rsqrt(xf.pow(2).mean(dim=dims, keepdim=True) + epsilon)
-    y = (xf * rstd * gamma.to(torch.float32)).to(input.dtype)
-    return y, rstd
+    lead = input.shape[: input.dim() - nd]
+    xf = input.to(torch.float32).reshape(-1, gamma.numel())
+    rstd = rowwise(lambda r: torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + epsilon), xf)
+    y = (xf * rstd * gamma.to(torch.float32).reshape(-1)).to(input.dtype).reshape(input.shape)
+    return y, rstd.reshape(*lead, *([1] * nd))
 
 
 def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
@@ -80,7 +89,8 @@ def npu_swiglu(input, dim=-1):
     need(input.dtype in FLOATS, op, f"dtype {input.dtype}")
     need(input.shape[dim] % 2 == 0, op, f"dim {dim} of size {input.shape[dim]} is not even")
     a, b = input.to(torch.float32).chunk(2, dim=dim)
-    return (torch.nn.functional.silu(a) * b).to(input.dtype)
+    silu = rowwise(torch.nn.functional.silu, a.reshape(-1, a.shape[-1]).contiguous()).reshape(a.shape)
+    return (silu * b).to(input.dtype)
 
 
 # ------------------------------------------------------------------------------------------ MoE
@@ -104,7 +114,7 @@ def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_gro
     # one row at a time: torch's CPU kernels round by position in the tensor (vector body vs
     # scalar tail), and a per-token kernel's result must not depend on the other tokens
     act = (lambda r: torch.softmax(r, dim=-1)) if norm_type == 0 else torch.sigmoid
-    norm = torch.stack([act(r.clone()) for r in x.to(torch.float32)]) if t else x.to(torch.float32)
+    norm = rowwise(act, x.to(torch.float32))
     if tid2eid is not None:
         need(input_ids.shape == (t,) and tid2eid.dim() == 2 and tid2eid.shape[1] == k, op,
              f"hash mode needs input_ids [{t}] and tid2eid [V, {k}]")
