@@ -1,59 +1,25 @@
-"""Shared fixtures for the core engine tests: the toy model, workloads and bitwise comparison."""
+"""Fixtures for the core engine tests (helpers live in core_helpers.py)."""
 from __future__ import annotations
 
 import os
-import random
-import struct
 import sys
 
 import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-# tiny GEMMs: threads only add contention (and results do not depend on the count)
-torch.set_num_threads(1)
 
-from toy_model import factory  # noqa: E402
-
-from shuili import LLM, SamplingParams  # noqa: E402
+from core_helpers import bits, make_llm  # noqa: E402
 
 
-# SHUILI_TEST_PLATFORM=nvidia runs the same engine checks on another platform's ops
-PLATFORM = os.environ.get("SHUILI_TEST_PLATFORM", "reference")
-
-
-def make_llm(model_kw=None, **engine_kw) -> LLM:
-    kw = dict(tokens_per_block=4, num_blocks=256, max_num_batched_tokens=64, max_num_seqs=32)
-    kw.update(engine_kw)
-    return LLM(model=factory(**(model_kw or {})), platform=PLATFORM, **kw)
-
-
-def bits(out) -> tuple:
-    """A request's result as comparable bits: token ids and the raw float32 logprob bytes."""
-    return (tuple(out.token_ids), tuple(struct.pack("<f", x) for x in out.logprobs), out.finish_reason)
-
-
-def workload(n: int, seed: int = 0, shared_prefix: str = "") -> tuple[list[str], list[SamplingParams]]:
-    """n prompts of ragged lengths; a mix of greedy, plain and filtered sampling."""
-    rng = random.Random(seed)
-    prompts, params = [], []
-    for i in range(n):
-        body = "".join(rng.choice("abcdefghij klmnop") for _ in range(rng.randint(1, 30)))
-        prompts.append(shared_prefix + body)
-        kind = i % 4
-        if kind == 0:
-            p = SamplingParams(temperature=0.0, max_tokens=rng.randint(3, 10), ignore_eos=True)
-        elif kind == 1:
-            p = SamplingParams(temperature=1.0, seed=1000 + i, max_tokens=rng.randint(3, 10), ignore_eos=True)
-        elif kind == 2:
-            p = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=2000 + i,
-                               max_tokens=rng.randint(3, 10), ignore_eos=True)
-        else:
-            p = SamplingParams(temperature=0.9, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.3,
-                               frequency_penalty=0.2, seed=3000 + i, max_tokens=rng.randint(3, 10),
-                               ignore_eos=True)
-        params.append(p)
-    return prompts, params
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny GEMMs: threads only add contention (results do not depend on the count). Scoped to
+    this folder's tests, so the rest of the suite keeps torch's default."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +35,3 @@ def solo_results():
         return cache[key]
 
     return get
-
-
-def check_engine(llm) -> None:
-    llm.engine.scheduler.check()

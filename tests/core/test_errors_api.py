@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import bits, make_llm, workload
+from core_helpers import bits, make_llm, workload
 from pydantic import ValidationError
 
 from shuili import LLM, RequestOutput, SamplingParams

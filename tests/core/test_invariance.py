@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import bits, make_llm, workload
+from core_helpers import bits, make_llm, workload
 
 PROMPTS, PARAMS = workload(32, seed=1)
 

@@ -3,10 +3,9 @@ sliding, compressed and compressor-state cache groups). Smaller workload than th
 from __future__ import annotations
 
 import pytest
-from conftest import bits, workload
+from core_helpers import PLATFORM, bits, workload
 
 from shuili import LLM
-from conftest import PLATFORM
 
 pytest.importorskip("shuili.core.models.deepseek_v4")
 

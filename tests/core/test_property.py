@@ -5,7 +5,7 @@ solo answer, bit for bit."""
 from __future__ import annotations
 
 import pytest
-from conftest import bits, make_llm, workload
+from core_helpers import bits, make_llm, workload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
