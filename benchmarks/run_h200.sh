@@ -7,6 +7,10 @@ OUT=${OUT:-$PWD/h200_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
 STAGES=${STAGES:-"env tests conf kernels e2e"}
+if [ -d .whl ]; then  # packages the device image lacks (pydantic), carried as wheels
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 t0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - t0 ))s" | tee -a "$OUT/summary.txt"; }
@@ -31,13 +35,13 @@ if has conf; then
       ${CONF_BI_ARGS:---no-engine} --cases ${CASES:-2} --out "$OUT/conf_bi" > "$OUT/conf_bi.txt" 2>&1
   echo "rc=$?" >> "$OUT/conf_bi.txt"; tail -30 "$OUT/conf_bi.txt"
 fi
-if has kernels; then
-  stamp kernels
-  timeout ${T_KERNELS:-240} python3 benchmarks/nvidia_kernels.py --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.txt" | tail -45
-fi
 if has e2e; then
   stamp e2e
   timeout ${T_E2E:-400} python3 benchmarks/nvidia_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.txt" | tail -30
+fi
+if has kernels; then
+  stamp kernels
+  timeout ${T_KERNELS:-240} python3 benchmarks/nvidia_kernels.py --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.txt" | tail -45
 fi
 stamp done
 cat "$OUT/summary.txt"

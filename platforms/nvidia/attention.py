@@ -20,7 +20,7 @@ from shuili.platforms.nvidia.common import cdiv, num_sms, pow2
 from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, load_packed_rows
 
 BI_SPLIT = 1024  # kv positions per split in batch-invariant mode
-NEG = -1e30
+NEG = tl.constexpr(-1e30)  # finite start of the running max (see the module docstring)
 
 
 @triton.jit

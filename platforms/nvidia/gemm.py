@@ -24,24 +24,26 @@ BI_TILE = (64, 64, 64)  # BM, BN, BK in batch-invariant mode, for every M
 
 
 @triton.jit
-def _w_tile(w_ptr, s_ptr, e, cols, cok, kk, kok, k0, N, K, s_we, s_wn, s_se, s_sn,
+def _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn,
             FMT: tl.constexpr, NATIVE_FP8: tl.constexpr):
-    """Weight tile [BN, BK] as float32 (dense: its own dtype)."""
+    """Weight tile [BN, BK] in the activation tile a's dtype (exact for the quantized formats)."""
     m = cok[:, None] & kok[None, :]
     if FMT == 0:
-        return tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=m, other=0.0)
-    if FMT == 1:
+        w = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=m, other=0.0).to(a.dtype)
+    elif FMT == 1:
         c = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=m, other=0)
         if NATIVE_FP8:
             v = c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         else:
             v = e4m3_to_f32(c)
         sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + k0 // 128, mask=cok, other=0.0)
-        return v * sc[:, None]
-    byte = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :] // 2, mask=m, other=0)
-    nib = (byte.to(tl.int32) >> ((kk[None, :] & 1) * 4)) & 15
-    sc = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + kk[None, :] // 32, mask=m, other=127)
-    return e2m1_to_f32(nib) * e8m0_to_f32(sc)
+        w = (v * sc[:, None]).to(a.dtype)
+    else:
+        byte = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :] // 2, mask=m, other=0)
+        nib = (byte.to(tl.int32) >> ((kk[None, :] & 1) * 4)) & 15
+        sc = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + kk[None, :] // 32, mask=m, other=127)
+        w = (e2m1_to_f32(nib) * e8m0_to_f32(sc)).to(a.dtype)
+    return w
 
 
 @triton.jit
@@ -72,8 +74,7 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N
         kok = kk < K
         a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :],
                     mask=rok[:, None] & kok[None, :], other=0.0)
-        w = _w_tile(w_ptr, s_ptr, e, cols, cok, kk, kok, k0, N, K, s_we, s_wn, s_se, s_sn, FMT,
-                    NATIVE_FP8).to(a.dtype)
+        w = _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
         if F32:
             acc += tl.dot(a, tl.trans(w), input_precision="ieee")
         else:
