@@ -1,4 +1,5 @@
-"""`shuili generate` and `shuili bench` (registered by shuili/cli.py through add_parser)."""
+"""`shuili generate`, `shuili bench` (and `shuili perplexity` from cli_perplexity), registered by
+shuili/cli.py through add_parser."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,14 @@ def add_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", action="store_true", help="print the result as one JSON object")
     b.set_defaults(func=cmd_bench)
+
+    if "perplexity" in sub.choices:
+        return
+    try:  # `shuili perplexity` lives beside the perplexity code (core/cli_perplexity.py)
+        from shuili.core import cli_perplexity
+    except ImportError:
+        return
+    cli_perplexity.add_parser(sub)
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
