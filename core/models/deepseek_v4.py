@@ -274,7 +274,13 @@ class DeepseekV4Model:
         T, m, D = x.shape
         flat = ops.rms_norm(x.reshape(T, m * D).float(), None, cfg.rms_norm_eps)
         mix = ops.linear(flat, hc.fn).float()  # [T, m]
-        pre = torch.sigmoid(mix * hc.scale + hc.base) + cfg.hc_eps
+        # pre = sigmoid(mix * scale + base) + eps is the first output of the mHC op; going through
+        # it keeps the transcendental off torch's CPU kernels, whose bits depend on a row's place
+        # in the buffer (vector body vs scalar tail)
+        pad = torch.zeros(T, m * (m + 1), dtype=torch.float32, device=x.device)
+        scale = torch.cat([hc.scale.float().reshape(1), torch.ones(2, device=x.device)])
+        base = torch.cat([hc.base.float(), torch.zeros(m * (m + 1), device=x.device)])
+        pre = ops.hc_split_sinkhorn(torch.cat([mix, pad], -1), scale, base, m, 1, cfg.hc_eps)[0]
         y = (pre[..., None] * x.float()).sum(1).to(self.dtype)
         return ops.linear(ops.rms_norm(y, norm, cfg.rms_norm_eps), self.head).float()
 
@@ -386,6 +392,8 @@ class DeepseekV4Model:
         valid = (new.src_slots >= 0)[..., None]
         kv = torch.where(valid, kv, torch.zeros_like(kv))
         gate = torch.where(valid, gate, torch.full_like(gate, float("-inf")))
+        # softmax over the 2r (or r) token slots, per channel; the contiguous inner dim is the
+        # channel (a multiple of the vector width), so a row's bits do not depend on N
         pooled = (kv * gate.softmax(dim=1)).sum(dim=1).to(self.dtype)  # [N, dim]
         pooled = ops.rms_norm(pooled, c.norm, cfg.rms_norm_eps).view(-1, 1, dim)
         cos, sin = self.rope[True]
