@@ -1,0 +1,96 @@
+"""End to end: the CLI passes the reference, and catches the example and perturbed plugins.
+
+The outcomes asserted here are the ones docs/conformance.md promises: `example` fails op-level
+and engine batch invariance of its over-claimed `linear` but passes its honest `rms_norm` and
+`swiglu`; `perturbed` (1 ulp, declared portable_bitwise) fails vs_reference and cross_platform.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from shuili.hal.registry import list_platforms
+
+
+def _installed(name: str) -> bool:
+    return any(e.name == name and e.usable for e in list_platforms().entries)
+
+
+def cli(tmp_path, *args):
+    out = tmp_path / "rep"
+    proc = subprocess.run([sys.executable, "-m", "shuili", "conformance", "run", *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    assert (out / "report.md").is_file(), proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    return proc, report, checks, (out / "report.md").read_text()
+
+
+def test_reference_passes_every_check(tmp_path):
+    proc, report, checks, md = cli(tmp_path, "--platform", "reference", "--workload", "tiny-v4-quick",
+                                   "--cases", "2")
+    assert proc.returncode == 0, md
+    assert report["summary"]["passed"] and report["summary"]["fail"] == 0
+    assert isinstance(report["seed"], int) and report["fingerprint"]["platform"] == "reference"
+    for op in ("linear", "sparse_attention", "sample", "kv_quantize"):
+        for check in ("vs_reference", "run_to_run", "batch_invariance"):
+            assert checks[f"op.{op}.{check}"]["status"] == "pass"
+    assert checks["control.op.rms_norm.vs_reference"]["status"] == "pass"  # the perturbation was caught
+    assert checks["control.op.linear.batch_invariance"]["status"] == "pass"
+    for name in ("prefix_cache", "run_to_run", "batch_invariance", "chunking.budget_11", "preemption",
+                 "decode_vs_prefill"):
+        assert checks[f"engine.tiny-v4-quick.{name}"]["status"] == "pass", checks[f"engine.tiny-v4-quick.{name}"]
+    assert checks["engine.tiny-v4-quick.preemption"]["details"]["preemptions"] > 0
+    assert checks["replay.tiny-v4-quick.metadata"]["status"] == "pass"
+    assert checks["replay.tiny-v4-quick.metadata"]["details"]["blocks_freed"] > 0
+    assert checks["replay.tiny-v4-quick.logprobs"]["status"] == "pass"
+    # locked here; on another CPU/torch the bits are not comparable and the check says so
+    assert checks["baseline.tiny-v4-quick"]["status"] in ("pass", "info")
+    assert "PASSED" in md.splitlines()[0]
+
+
+@pytest.mark.skipif(not _installed("example"), reason="pip install -e tests/plugins/example_backend")
+def test_example_plugin_fails_exactly_its_over_claim(tmp_path):
+    proc, report, checks, md = cli(
+        tmp_path, "--platform", "example", "--workload", "tiny-v4-quick", "--cases", "2",
+        "--op", "linear", "--op", "rms_norm", "--op", "swiglu", "--engine-check", "batch_invariance",
+        "--no-replay")
+    assert proc.returncode == 1
+    bad = checks["op.linear.batch_invariance"]
+    assert bad["status"] == "fail" and bad["level"] == "batch_invariant"
+    div = bad["divergence"]
+    assert div["expected_bits"] != div["got_bits"] and "unit" in div["where"]
+    assert checks["op.linear.vs_reference"]["status"] == "pass"  # tolerance: close, just not invariant
+    assert checks["op.rms_norm.vs_reference"]["status"] == "pass"
+    assert checks["op.rms_norm.vs_reference"]["level"] == "run_to_run (tolerance)"
+    assert checks["op.rms_norm.batch_invariance"]["status"] in ("info", "pass") or \
+        checks["op.rms_norm.batch_invariance"]["level"] is None
+    for check in ("vs_reference", "run_to_run", "batch_invariance"):
+        assert checks[f"op.swiglu.{check}"]["status"] == "pass"
+    eng = checks["engine.tiny-v4-quick.batch_invariance"]
+    assert eng["status"] == "fail" and eng["divergence"]["where"]["request"]
+    assert "rms_norm (run_to_run)" in eng["message"]
+    failing = {n for n, c in checks.items() if c["status"] in ("fail", "error")}
+    assert failing == {"op.linear.batch_invariance", "engine.tiny-v4-quick.batch_invariance"}
+    assert "### op.linear.batch_invariance" in md and "First divergence" in md
+
+
+@pytest.mark.skipif(not _installed("perturbed"), reason="pip install -e tests/plugins/perturbed_backend")
+def test_perturbed_plugin_is_caught_with_bits(tmp_path):
+    proc, report, checks, md = cli(
+        tmp_path, "--platform", "perturbed", "--workload", "tiny-v4-quick", "--cases", "2",
+        "--op", "rms_norm", "--op", "log_softmax", "--op", "swiglu", "--engine-check", "cross_platform",
+        "--no-replay")
+    assert proc.returncode == 1
+    for op in ("rms_norm", "log_softmax"):
+        c = checks[f"op.{op}.vs_reference"]
+        assert c["status"] == "fail" and c["level"] == "portable_bitwise (bitwise)"
+        e, g = int(c["divergence"]["expected_bits"], 16), int(c["divergence"]["got_bits"], 16)
+        assert abs(e - g) == 1  # exactly one ulp apart
+        assert checks[f"op.{op}.batch_invariance"]["status"] == "pass"  # elementwise: still invariant
+    assert checks["op.swiglu.vs_reference"]["status"] == "pass"
+    cross = checks["engine.tiny-v4-quick.cross_platform"]
+    assert cross["status"] == "fail" and cross["level"] == "portable_bitwise"
+    assert cross["divergence"]["where"]["request"]
+    assert "FAILED" in md.splitlines()[0]
