@@ -73,7 +73,9 @@ def hf_runs(cfg, params, args, prompts):
     def gen(n):
         sync()
         t = time.perf_counter()
-        with torch.no_grad():
+        # the port keeps mHC state in float32 and feeds it to bf16 linears: autocast casts at the linears
+        with torch.no_grad(), torch.autocast(args.device, dtype=getattr(torch, args.dtype),
+                                             enabled=args.dtype != "float32"):
             out = hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                               pad_token_id=0)
         sync()
