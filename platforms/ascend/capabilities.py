@@ -62,9 +62,16 @@ def _level(kind: str, config) -> tuple[L, str | None]:
 
 
 def capabilities(config, family: str = "950") -> PlatformCapabilities:
+    import os
+
+    from shuili.platforms.ascend.ops import MX_GEMM_ENV
+
     ops = {}
     for name, (kernel, kind) in KERNELS.items():
         level, needs = _level(kind, config)
+        if name == "linear" and os.environ.get(MX_GEMM_ENV) == "1" and not config.batch_invariant:
+            level, needs = L.none, None
+            kernel += f"; {MX_GEMM_ENV}=1: fp8_block128 via MXFP8 npu_quant_matmul (activations quantized)"
         dtypes = _FLOAT  # paged_attention / indexer_topk reach the NPU kernel only for fp16/bf16
         ops[name] = OpCapability(dtypes=dtypes, formats=_FORMATS.get(name, ()), determinism=level,
                                  determinism_requires=needs,

@@ -20,6 +20,30 @@ from shuili.platforms.reference.numerics import tree_sum
 TILE = 16  # batch-invariant mode: every matmul has exactly TILE rows
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _DENSE: "weakref.WeakKeyDictionary[Weight, dict]" = weakref.WeakKeyDictionary()
+_MX: "weakref.WeakKeyDictionary[Weight, tuple]" = weakref.WeakKeyDictionary()
+# c10::ScalarType codes for `int? output_dtype` (ASSUMED: torch_npu keeps torch's numbering for
+# standard dtypes and adds 285+ for its own, see npu_api.DTYPE_CODES)
+SCALAR_TYPE_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
+
+
+def mx_weight(w: Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8_block128 -> the MXFP8 weight operand of npu_quant_matmul, losslessly: e4m3 data as
+    x2 [K, N] and the power-of-two block scales re-expressed per 32 along K as e8m0 bytes in the
+    [ceil(K/64), N, 2] layout npu_dynamic_mx_quant produces (cached per Weight)."""
+    if w not in _MX:
+        n, k = w.data.shape
+        exp = torch.log2(w.scale.to(torch.float32))
+        if not bool((exp == exp.round()).all()):
+            raise ValueError("fp8_block128 scales must be powers of two to become e8m0")
+        byte = (exp + 127).to(torch.uint8)  # [ceil(N/128), ceil(K/128)]
+        per32 = byte.repeat_interleave(128, 0)[:n].repeat_interleave(4, 1)[:, : -(-k // 32)]
+        kb = per32.shape[1]
+        pairs = -(-kb // 2)
+        padded = torch.zeros(n, pairs * 2, dtype=torch.uint8, device=w.data.device)
+        padded[:, :kb] = per32
+        scale = padded.view(n, pairs, 2).permute(1, 0, 2).contiguous()  # [K/64, N, 2]
+        _MX[w] = (w.data.t().contiguous(), scale)
+    return _MX[w]
 
 
 def dense_weight(w: Weight, dtype: torch.dtype) -> torch.Tensor:
@@ -91,7 +115,23 @@ def build(api, mode) -> dict:
             return _finish(norm.gather(1, ids), renormalize, scaling), ids
         return host_hash(logits, token_ids, tid2eid, scoring, renormalize, scaling)
 
+    def _mx_linear(x, w, bias):
+        """MXFP8 x MXFP8 on the 950 cube units: activations quantized per 32 (ceil scale)."""
+        took("linear:npu_quant_matmul")
+        xq, xs = npu.npu_dynamic_mx_quant(input=x, axis=-1, round_mode="rint",
+                                          dst_type=api.code("float8_e4m3fn"), block_size=32,
+                                          scale_alg=1)
+        w8, ws = mx_weight(w)
+        e8m0 = api.code("float8_e8m0fnu")
+        return npu.npu_quant_matmul(x1=xq, x2=w8, scale=ws, pertoken_scale=xs,
+                                    bias=None if bias is None else bias.to(torch.float32),
+                                    output_dtype=SCALAR_TYPE_CODES[x.dtype], scale_dtype=e8m0,
+                                    pertoken_scale_dtype=e8m0, group_sizes=[1, 1, 32])
+
     def linear(x, w, bias=None):
+        if (mode.mx_gemm and mode.is_950 and not mode.batch_invariant and w.format == "fp8_block128"
+                and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16)):
+            return _mx_linear(x, w, bias)
         wd = dense_weight(w, x.dtype)
         if wd.dim() != 2 or x.dim() != 2:
             raise ValueError(f"linear takes x [T, K] and a 2D weight, got {tuple(x.shape)} / "

@@ -1,6 +1,7 @@
 """The Ascend op table: every HAL op bound to one NpuApi (real torch_npu or the simulator)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from shuili.hal.ops import OP_NAMES
@@ -11,11 +12,17 @@ from shuili.platforms.ascend.host import on_host
 HOST_OPS = ("log_softmax", "apply_penalties", "sample")
 
 
+# opt-in: fp8_block128 linears as MXFP8 x MXFP8 GEMMs (quantizes activations, which the HAL
+# contract does not: results leave the conformance tolerance; for throughput experiments only)
+MX_GEMM_ENV = "SHUILI_ASCEND_MX_GEMM"
+
+
 @dataclass(frozen=True)
 class Mode:
     batch_invariant: bool = False
     deterministic: bool = False
     family: str = "950"
+    mx_gemm: bool = False
 
     @property
     def is_950(self) -> bool:
@@ -24,7 +31,7 @@ class Mode:
 
 def mode_for(config, family: str = "950") -> Mode:
     return Mode(batch_invariant=config.batch_invariant, deterministic=config.deterministic,
-                family=family)
+                family=family, mx_gemm=os.environ.get(MX_GEMM_ENV) == "1")
 
 
 def build_ops(api, mode: Mode) -> dict:

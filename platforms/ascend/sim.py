@@ -39,8 +39,9 @@ def register() -> str:
 
 
 class FakeGraph:
-    """NPUGraph stand-in: capture records the callable run inside the `graph` context; replay
-    re-runs it on the same (static) tensors, which is what a replayed graph computes."""
+    """NPUGraph stand-in: it cannot record kernels, so `graphs.GraphRunner` hands it the captured
+    callable (`_fn`); replay re-runs that on the same static tensors, which is what a replayed
+    graph computes."""
 
     def __init__(self):
         self._fn = None

@@ -17,7 +17,7 @@ import torch
 F16_BF16 = (torch.float16, torch.bfloat16)
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 MASK_SIZE = 2048
-CODE_E5M2, CODE_E4M3 = 291, 292
+CODE_E5M2, CODE_E4M3, CODE_E8M0 = 291, 292, 293
 
 
 def need(cond: bool, op: str, msg: str) -> None:
@@ -494,6 +494,41 @@ def npu_dynamic_mx_quant(input, *, axis=-1, round_mode="rint", dst_type=296, blo
     scale = torch.zeros(*input.shape[:-1], pairs * 2, dtype=torch.uint8)
     scale[..., :nb] = byte
     return y, scale.view(*input.shape[:-1], pairs, 2)
+
+
+def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None,
+                     output_dtype=None, x1_dtype=None, x2_dtype=None, pertoken_scale_dtype=None,
+                     scale_dtype=None, group_sizes=None, y_scale=None):
+    """Only the MXFP8 x MXFP8 form (vllm-ascend w8a8_mxfp8): x1 e4m3 [M, K], x2 e4m3 [K, N],
+    e8m0 scales pertoken_scale [M, ceil(K/64), 2] and scale [ceil(K/64), N, 2]."""
+    op = "npu_quant_matmul"
+    need(offset is None and y_scale is None and x1_dtype is None and x2_dtype is None, op,
+         "only the MXFP8 x MXFP8 form is emulated")
+    need(x1.dtype == torch.float8_e4m3fn and x2.dtype == torch.float8_e4m3fn, op,
+         f"x1/x2 must be float8_e4m3fn, got {x1.dtype}/{x2.dtype}")
+    need(scale_dtype == CODE_E8M0 and pertoken_scale_dtype == CODE_E8M0, op,
+         "MX scales need scale_dtype = pertoken_scale_dtype = float8_e8m0fnu (293)")
+    need(list(group_sizes or []) == [1, 1, 32], op, "MX block sizes must be group_sizes=[1, 1, 32]")
+    need(x1.dim() == 2 and x2.dim() == 2 and x2.shape[0] == x1.shape[1], op,
+         f"x1 [M, K] / x2 [K, N] expected, got {tuple(x1.shape)} / {tuple(x2.shape)}")
+    m, k = x1.shape
+    n = x2.shape[1]
+    kb = -(-k // 32)
+    pairs = -(-kb // 2)
+    need(pertoken_scale is not None and pertoken_scale.dtype == torch.uint8
+         and tuple(pertoken_scale.shape) == (m, pairs, 2), op, f"pertoken_scale must be uint8 [{m}, {pairs}, 2]")
+    need(scale.dtype == torch.uint8 and tuple(scale.shape) == (pairs, n, 2), op,
+         f"scale must be uint8 [{pairs}, {n}, 2]")
+    need(bias is None or (bias.dtype == torch.float32 and tuple(bias.shape) == (n,)), op,
+         "bias must be float32 [N]")
+    out = {5: torch.float16, 6: torch.float32, 15: torch.bfloat16}.get(output_dtype)  # ASSUMED codes
+    need(out is not None, op, f"output_dtype {output_dtype} (c10 ScalarType code of fp16/fp32/bf16)")
+    sa = _e8m0_value(pertoken_scale.reshape(m, -1)[:, :kb]).repeat_interleave(32, -1)[:, :k]
+    sb = _e8m0_value(scale.permute(1, 0, 2).reshape(n, -1)[:, :kb]).repeat_interleave(32, -1)[:, :k]
+    y = (x1.to(torch.float64) * sa) @ (x2.to(torch.float64).T * sb).T
+    if bias is not None:
+        y = y + bias.to(torch.float64)
+    return y.to(out)
 
 
 IMPLS = {name: fn for name, fn in globals().items() if name.startswith("npu_") and callable(fn)}

@@ -208,3 +208,22 @@ def test_kv_formats(npu, ref, paths, gen):
 def test_single_rank_collectives(npu, gen):
     x = torch.randn(3, 4, generator=gen)
     assert npu["all_reduce"](x) is x and npu["all_gather"](x) is x
+
+
+def test_opt_in_mxfp8_gemm_is_close_but_quantizes_activations(api, ref, paths, gen, monkeypatch):
+    from shuili.platforms.ascend.ops import MX_GEMM_ENV, Mode, build_ops
+    from shuili.platforms.reference.quant import quantize_weight_fp8_block128
+
+    monkeypatch.setenv(MX_GEMM_ENV, "1")
+    ops = build_ops(api, Mode(mx_gemm=True))
+    x = torch.randn(5, 200, generator=gen).to(torch.bfloat16)
+    dense = torch.randn(130, 200, generator=gen) * 0.05
+    dense[:, 128:] *= 16  # distinct block scales, so a scale-layout mistake cannot hide
+    dense[128:] *= 0.125
+    w = quantize_weight_fp8_block128(dense)
+    bias = torch.randn(130, generator=gen)
+    got = ops["linear"](x, w, bias)
+    want = ref["linear"](x.float(), w, bias)
+    rel = ((got.float() - want).norm() / want.norm()).item()
+    assert paths["linear:npu_quant_matmul"] == 1 and got.dtype == torch.bfloat16
+    assert 1e-4 < rel < 5e-2, rel  # e4m3 activations: close, but not the contract's numerics
