@@ -3,6 +3,7 @@ the CANN libraries were found) and by the op factory, never at module import."""
 from __future__ import annotations
 
 import logging
+import os
 
 from shuili.hal import HAL_API_VERSION, PlatformInfo
 from shuili.hal.hookspecs import hookimpl
@@ -41,10 +42,13 @@ def shuili_platform_capabilities(platform, config):
 def op_table(config, api=None, apply_settings: bool = True) -> dict:
     """Bind every op to `api` (default: the real torch_npu), after applying the determinism
     settings the config asks for."""
-    from shuili.platforms.ascend import device, npu_api
+    from shuili.platforms.ascend import device, differential, npu_api
     from shuili.platforms.ascend.ops import build_ops, mode_for
 
     api = api or npu_api.load()
+    if os.environ.get(differential.ENV) == "1":
+        api = differential.differential(api)
+        log.warning("ascend: differential mode, every torch_npu call is re-run on the simulator")
     soc = device.detect_soc(api)
     if apply_settings:
         applied = device.apply_determinism(config, api)
