@@ -2,9 +2,9 @@
 npu_moe_token_unpermute), plus expert selection through npu_moe_gating_top_k.
 
 Quantized weights (fp8_block128, mxfp4) are dequantized once per Weight object to the activation
-dtype (cached; costs that memory) because the HAL contract keeps activations unquantized; the
-native MXFP8/MXFP4 GEMM (npu_dynamic_mx_quant + npu_quant_matmul) would quantize activations and is
-not wired (see docs/platforms/ascend.md).
+dtype (cached; costs that memory) because the HAL contract keeps activations unquantized. The
+native MXFP8 GEMM (npu_dynamic_mx_quant + npu_quant_matmul) quantizes activations, so it is
+opt-in (SHUILI_ASCEND_MX_GEMM=1, fp8_block128 weights on 950; see docs/platforms/ascend.md).
 """
 from __future__ import annotations
 
