@@ -144,6 +144,7 @@ class LlamaModel:
         self.tokenizer = tokenizer
         self.dtype = dtype
         self.name = name
+        self.is_instruct = bool(tokenizer.chat_template)  # `shuili generate` templates prompts then
         self.vocab_size = cfg.vocab_size
         self.max_model_len = cfg.max_position
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
