@@ -39,11 +39,34 @@ def shuili_engine(cfg, params, bi: bool, args):
     return LLM(model=factory, config=conf)
 
 
+def profile(llm, args):
+    """Where a decode step's time goes: top device kernels, and device-busy vs wall time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    run_bench(llm, args.batch, 8, 2, 0.0, 2)
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        t = time.perf_counter()
+        r = run_bench(llm, args.batch, 8, 9, 0.0, 3)
+        wall = time.perf_counter() - t
+    ev = p.key_averages()
+    busy = sum(e.self_device_time_total for e in ev) / 1e6
+    print(f"profile: 8 decode steps + 1 prefill, wall {wall:.3f}s, device busy {busy:.3f}s, "
+          f"launches {sum(e.count for e in ev if e.device_type.name == 'CUDA')}", flush=True)
+    print(ev.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60), flush=True)
+    del r
+
+
 def shuili_runs(cfg, params, bi, args, prompts):
     llm = shuili_engine(cfg, params, bi, args)
     run_bench(llm, args.batch, args.input_len, 4, 0.0, 1)  # compiles prefill + decode kernels
     one = run_bench(llm, args.batch, args.input_len, 1, 0.0, 0)
     full = run_bench(llm, args.batch, args.input_len, args.output_len, 0.0, 0)
+    if args.profile and not bi:
+        try:
+            profile(llm, args)
+        except Exception as exc:  # the profile is a diagnosis, never a reason to lose the numbers
+            print(f"profile failed: {type(exc).__name__}: {exc}", flush=True)
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     first = [o.token_ids[0] for o in outs]
     del llm
@@ -103,6 +126,7 @@ def main():
     ap.add_argument("--budget", type=int, default=8192)
     ap.add_argument("--kv-gib", type=int, default=8)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--profile", action="store_true")
     ap.add_argument("--model", default="mid-v4")
     ap.add_argument("--platform", default="nvidia")
     ap.add_argument("--dtype", default="bfloat16")

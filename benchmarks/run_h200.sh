@@ -35,6 +35,16 @@ if has conf; then
       ${CONF_BI_ARGS:---no-engine} --cases ${CASES:-2} --out "$OUT/conf_bi" > "$OUT/conf_bi.txt" 2>&1
   echo "rc=$?" >> "$OUT/conf_bi.txt"; tail -30 "$OUT/conf_bi.txt"
 fi
+if has confbi; then  # batch-invariant mode: the engine checks are held bitwise
+  stamp conformance-bi-ops
+  SHUILI_NVIDIA_BATCH_INVARIANT=1 timeout ${T_BIOPS:-150} python3 benchmarks/nvidia_conformance.py --no-engine \
+      --cases ${CASES:-1} --json "$OUT/conf_bi_ops.json" > "$OUT/conf_bi_ops.txt" 2>&1
+  grep -v "^ pass" "$OUT/conf_bi_ops.txt" | tail -25
+  stamp conformance-bi-engine
+  SHUILI_NVIDIA_BATCH_INVARIANT=1 timeout ${T_BIENG:-150} python3 benchmarks/nvidia_conformance.py --no-ops \
+      --workload ${WORKLOAD:-tiny-v4} --json "$OUT/conf_bi_engine.json" > "$OUT/conf_bi_engine.txt" 2>&1
+  tail -15 "$OUT/conf_bi_engine.txt"
+fi
 if has e2e; then
   stamp e2e
   timeout ${T_E2E:-400} python3 benchmarks/nvidia_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.txt" | tail -30

@@ -52,7 +52,7 @@ def add_rms_norm(x, residual, weight, eps):
 
 
 @triton.jit
-def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF: tl.constexpr,
+def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF, HP: tl.constexpr,
                  BH: tl.constexpr, BD: tl.constexpr, INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -62,7 +62,8 @@ def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF: tl.cons
     c = tl.arange(0, BD)
     keep = hok[:, None] & (c[None, :] < D - R)
     tl.store(obase + c[None, :], tl.load(base + c[None, :], mask=keep), mask=keep)
-    i = tl.arange(0, HALF)
+    i = tl.arange(0, HP)
+    iok = i < HALF
     if INTERLEAVED:
         ia = D - R + 2 * i
         ib = ia + 1
@@ -70,11 +71,11 @@ def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF: tl.cons
         ia = D - R + i
         ib = ia + HALF
     p = tl.load(pos_ptr + t)
-    cs = tl.load(cos_ptr + p * HALF + i)[None, :]
-    sn = tl.load(sin_ptr + p * HALF + i)[None, :]
+    cs = tl.load(cos_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
+    sn = tl.load(sin_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
     if INVERSE:
         sn = -sn
-    m = hok[:, None] & (i[None, :] < HALF)
+    m = hok[:, None] & iok[None, :]
     a = tl.load(base + ia[None, :], mask=m, other=0.0).to(tl.float32)
     b = tl.load(base + ib[None, :], mask=m, other=0.0).to(tl.float32)
     tl.store(obase + ia[None, :], (a * cs - b * sn).to(y_ptr.dtype.element_ty), mask=m)
@@ -86,8 +87,8 @@ def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False):
         raise ValueError(f"rope takes x [T, H, D], got shape {tuple(x.shape)}")
     t, h, d = x.shape
     half = rope_dim // 2
-    if rope_dim % 2 or rope_dim > d or half != pow2(half):
-        raise ValueError(f"rope_dim must be even, a power of two times 2 and <= D={d}; got {rope_dim}")
+    if rope_dim % 2 or rope_dim > d or rope_dim <= 0:
+        raise ValueError(f"rope_dim must be even, positive and <= D={d}; got {rope_dim}")
     if cos.shape[-1] != half or sin.shape[-1] != half:
         raise ValueError(f"cos/sin must be [max_pos, {half}], got {tuple(cos.shape)}")
     x = x.contiguous()
@@ -96,5 +97,5 @@ def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False):
         bh = min(pow2(h), 16)
         _rope_kernel[(t, triton.cdiv(h, bh))](
             x, y, positions.contiguous(), cos.float().contiguous(), sin.float().contiguous(), h, d,
-            rope_dim, HALF=half, BH=bh, BD=pow2(d), INTERLEAVED=interleaved, INVERSE=inverse)
+            rope_dim, half, HP=pow2(half), BH=bh, BD=pow2(d), INTERLEAVED=interleaved, INVERSE=inverse)
     return y

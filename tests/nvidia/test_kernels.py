@@ -54,9 +54,10 @@ def test_norms(device, dtype):
 
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("inverse", [False, True])
-def test_rope(device, interleaved, inverse):
-    rope_dim, d = 16, 48
-    ang = torch.arange(64, dtype=torch.float64)[:, None] / 10000 ** (torch.arange(8) * 2 / 16)
+@pytest.mark.parametrize("rope_dim,d", [(16, 48), (54, 54)])
+def test_rope(device, interleaved, inverse, rope_dim, d):
+    half = rope_dim // 2
+    ang = torch.arange(64, dtype=torch.float64)[:, None] / 10000 ** (torch.arange(half) * 2 / rope_dim)
     args = (rnd(5, 3, d, seed=4), torch.tensor([0, 3, 63, 7, 7]), ang.cos().float(), ang.sin().float())
     got = norm_rope.rope(*[a.to(device) for a in args], rope_dim, interleaved, inverse)
     want = REF["rope"](*args, rope_dim, interleaved, inverse)
