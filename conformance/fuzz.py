@@ -301,9 +301,11 @@ def gen_cache_write(rng: Rng, **_) -> Case:
         sub = {"cache": kw["cache"], "slot_mapping": slots[i:i + 1], "values": kw["values"][i:i + 1]}
         slot = int(slots[i])
 
-        def sel(outs):  # the slot row unit i wrote (or the untouched cache when it skipped)
-            return [o.view(-1, d)[slot:slot + 1] if slot >= 0 else o for o in outs]
+        def sel(outs):  # the slot row unit i wrote
+            return [o.view(-1, d)[slot:slot + 1] for o in outs]
 
+        if slot < 0:  # a skipped write: alone, it must leave the whole cache as it was
+            return sub, (lambda outs: [kw["cache"]]), (lambda outs: outs)
         return sub, sel, sel
 
     case.split = split
