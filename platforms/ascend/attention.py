@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from shuili.platforms.ascend.host import on_host, took
+from shuili.platforms.ascend.kv import dequant_rows
 
 F16_BF16 = (torch.float16, torch.bfloat16)
 
@@ -83,5 +84,43 @@ def build(api, mode) -> dict:
     # DeepSeek-V4's compressed / shared-KV attention has no torch_npu op (vllm-ascend uses its own
     # AscendC kernels); npu_sparse_flash_attention indexes per-sequence positions through a block
     # table, not slot ids over several caches in one softmax, so it does not fit the contract.
-    sparse_attention = on_host("sparse_attention")
+    # On-device torch: gather + dequantize every listed entry ([T, L] with L fixed by the model's
+    # topk + window, so a query's shapes do not depend on the batch), one masked softmax.
+    host_sparse = on_host("sparse_attention")
+
+    def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None):
+        fmts = list(kv_formats) if kv_formats is not None else ["none"] * len(kv)
+        if mode.batch_invariant or len(kv) != len(indices) or len(fmts) != len(kv) or not kv:
+            return host_sparse(q, kv, indices, scale, sinks, kv_formats)
+        t, h, d = q.shape
+        keys, valid = [], []
+        for cache, idx, fmt in zip(kv, indices, fmts):
+            flat = cache.reshape(-1, cache.shape[-1])
+            ids = idx.to(torch.int64)
+            if ids.numel() and int(ids.max()) >= flat.shape[0]:
+                raise ValueError(f"slot id {int(ids.max())} is past the cache's {flat.shape[0]} slots")
+            rows = flat[ids.clamp_min(0).reshape(-1)]
+            if fmt == "none":
+                if rows.shape[-1] != d:
+                    raise ValueError(f"unpacked cache rows have {rows.shape[-1]} values, queries have {d}")
+                rows = rows.to(torch.float32)
+            else:
+                rows = dequant_rows(rows, fmt, d)
+            keys.append(rows.view(t, ids.shape[1], d))
+            valid.append(ids >= 0)
+        took("sparse_attention:torch")
+        k = torch.cat(keys, dim=1)  # [T, L, D], K = V
+        ok = torch.cat(valid, dim=1)[:, None, :]  # [T, 1, L]
+        logits = torch.einsum("thd,tld->thl", q.to(torch.float32), k) * scale
+        logits = logits.masked_fill(~ok, float("-inf"))
+        if sinks is not None:
+            sink = sinks.to(torch.float32).view(1, h, 1).expand(t, h, 1)
+            logits = torch.cat((logits, sink), dim=-1)
+        m = logits.amax(-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # no entry, no sink: zeros
+        p = torch.exp(logits - m)
+        denom = p.sum(-1, keepdim=True)
+        p = p[..., : k.shape[1]] / torch.where(denom > 0, denom, torch.ones_like(denom))
+        return torch.einsum("thl,tld->thd", p, k).to(q.dtype)
+
     return {"paged_attention": paged_attention, "sparse_attention": sparse_attention}

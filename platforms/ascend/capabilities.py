@@ -28,10 +28,11 @@ KERNELS = {
     "moe_route_topk": ("npu_moe_gating_top_k (sigmoid/softmax), renorm in Python; host torch for sqrtsoftplus", "row"),
     "moe_route_hash": ("npu_moe_gating_top_k hash mode (sigmoid/softmax); host torch for sqrtsoftplus", "row"),
     "kv_quantize": ("npu_dynamic_mx_quant scale_alg=1 (mxfp8, 950); host torch for fp4", "row"),
-    "kv_dequantize": ("torch (mxfp8); host torch for fp4", "elementwise"),
+    "kv_dequantize": ("torch, exact, on device", "elementwise"),
     "cache_write": ("npu_scatter_pa_kv_cache cache_mode=Norm", "elementwise"),
     "paged_attention": ("npu_fused_infer_attention_score(_v2) TND paged, sparse_mode 3/4", "split"),
-    "sparse_attention": ("host torch (no torch_npu op for V4 compressed attention)", "host"),
+    "sparse_attention": ("torch on device, masked softmax over the listed entries (no torch_npu "
+                         "op for V4's compressed attention); host torch in batch-invariant mode", "split"),
     "indexer_topk": ("npu_lightning_indexer, one batch entry per query", "split"),
     "log_softmax": ("host torch", "host"),
     "apply_penalties": ("host torch", "host"),

@@ -8,12 +8,43 @@ from shuili.platforms.ascend.host import on_host, took
 
 SCATTER_DTYPES = (torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.float8_e4m3fn)
 MXFP8_AMAX_FLOOR = 1e-4
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+_LAYOUT = {"mxfp8": (32, 1), "mxfp4": (32, 2), "fp4_e4m3": (16, 2)}  # block, elements per byte
+
+
+def _e8m0(b: torch.Tensor) -> torch.Tensor:
+    """e8m0 bytes -> float32 2^(b-127) built from the bits (0 -> 2^-127, 255 -> NaN)."""
+    b = b.to(torch.int32)
+    bits = torch.where(b == 0, torch.full_like(b, 0x00400000), b << 23)
+    bits = torch.where(b == 255, torch.full_like(b, 0x7FC00000), bits)
+    return bits.view(torch.float32)
+
+
+def dequant_rows(packed: torch.Tensor, fmt: str, dim: int) -> torch.Tensor:
+    """uint8 rows [N, bytes] of a kv_quantize format -> float32 [N, dim], exact, on any device."""
+    if fmt not in _LAYOUT:
+        raise ValueError(f"unknown KV format {fmt!r}; use one of {sorted(_LAYOUT)}")
+    block, per_byte = _LAYOUT[fmt]
+    data = dim // per_byte
+    if dim <= 0 or dim % block or packed.dim() != 2 or packed.shape[1] != data + dim // block:
+        raise ValueError(f"{fmt} rows of dim {dim} are uint8 [N, {data + dim // block}], got "
+                         f"{packed.dtype} {tuple(packed.shape)}")
+    p = packed if packed.dtype == torch.uint8 else packed.view(torch.uint8)
+    n = p.shape[0]
+    if fmt == "mxfp8":
+        vals = p[:, :dim].contiguous().view(torch.float8_e4m3fn).to(torch.float32)
+    else:
+        lut = torch.tensor(_E2M1, dtype=torch.float32, device=p.device)
+        codes = torch.stack((p[:, :data] & 0xF, p[:, :data] >> 4), dim=-1).reshape(n, dim)
+        vals = lut[codes.to(torch.int64)]
+    tail = p[:, data:].contiguous()
+    scale = tail.view(torch.float8_e4m3fn).to(torch.float32) if fmt == "fp4_e4m3" else _e8m0(tail)
+    return (vals.view(n, dim // block, block) * scale[..., None]).view(n, dim)
 
 
 def build(api, mode) -> dict:
     npu = api.ops
     host_quant = on_host("kv_quantize")
-    host_dequant = on_host("kv_dequantize")
 
     def cache_write(cache, slot_mapping, values):
         if values.dtype != cache.dtype:
@@ -53,15 +84,7 @@ def build(api, mode) -> dict:
         return host_quant(x, fmt)
 
     def kv_dequantize(packed, fmt, dim):
-        if fmt == "mxfp8" and packed.dim() == 2 and dim % 32 == 0 and packed.shape[1] == dim + dim // 32:
-            took("kv_dequantize:torch")
-            p = packed.view(torch.uint8) if packed.dtype != torch.uint8 else packed
-            vals = p[:, :dim].contiguous().view(torch.float8_e4m3fn).to(torch.float32)
-            b = p[:, dim:].to(torch.int32)
-            bits = torch.where(b == 0, torch.full_like(b, 0x00400000), b << 23)
-            bits = torch.where(b == 255, torch.full_like(b, 0x7FC00000), bits)
-            scale = bits.view(torch.float32)
-            return (vals.view(p.shape[0], dim // 32, 32) * scale[..., None]).view(p.shape[0], dim)
-        return host_dequant(packed, fmt, dim)
+        took("kv_dequantize:torch")
+        return dequant_rows(packed, fmt, dim)
 
     return {"cache_write": cache_write, "kv_quantize": kv_quantize, "kv_dequantize": kv_dequantize}

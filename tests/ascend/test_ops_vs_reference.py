@@ -202,7 +202,7 @@ def test_kv_formats(npu, ref, paths, gen):
         packed = npu["kv_quantize"](rows, fmt)
         assert torch.equal(packed, ref["kv_quantize"](rows, fmt)), fmt
         assert torch.equal(npu["kv_dequantize"](packed, fmt, d), ref["kv_dequantize"](packed, fmt, d))
-    assert paths["kv_quantize:npu_dynamic_mx_quant"] == 1 and paths["kv_dequantize:torch"] == 1
+    assert paths["kv_quantize:npu_dynamic_mx_quant"] == 1 and paths["kv_dequantize:torch"] == 3
 
 
 def test_single_rank_collectives(npu, gen):
@@ -227,3 +227,23 @@ def test_opt_in_mxfp8_gemm_is_close_but_quantizes_activations(api, ref, paths, g
     rel = ((got.float() - want).norm() / want.norm()).item()
     assert paths["linear:npu_quant_matmul"] == 1 and got.dtype == torch.bfloat16
     assert 1e-4 < rel < 5e-2, rel  # e4m3 activations: close, but not the contract's numerics
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_sparse_attention_on_device_path(npu, ref, paths, gen, with_sinks):
+    t, h, d = 6, 4, 128
+    q = torch.randn(t, h, d, generator=gen)
+    window = torch.randn(3, 16, d, generator=gen)                      # unpacked rows
+    comp = ref["kv_quantize"](torch.randn(40, d, generator=gen), "mxfp8").view(5, 8, -1)
+    idx_w = torch.randint(0, 48, (t, 5), generator=gen, dtype=torch.int32)
+    idx_c = torch.randint(0, 40, (t, 7), generator=gen, dtype=torch.int32)
+    idx_w[1, 2:] = -1
+    idx_c[1] = -1
+    idx_w[4], idx_c[4] = -1, -1                                         # no entry at all
+    sinks = torch.randn(h, generator=gen) if with_sinks else None
+    args = ([window, comp], [idx_w, idx_c], 0.09, sinks, ["none", "mxfp8"])
+    got = npu["sparse_attention"](q, *args)
+    close(got, ref["sparse_attention"](q, *args), 1e-5)
+    if not with_sinks:
+        assert torch.equal(got[4], torch.zeros(h, d))
+    assert paths["sparse_attention:torch"] == 1
