@@ -321,9 +321,11 @@ def sample(
     """Seeded, batch-invariant sampling. logits float32 [B, V] (penalties applied); temperature
     float32 [B] (0 = greedy); top_k int32 [B] (0 = off); top_p, min_p float32 [B] (1.0 / 0.0 = off);
     seeds int64 [B]; positions int64 [B] (absolute position of the token being sampled).
-    Greedy: argmax, ties to the lowest token id. Otherwise: lp = log_softmax(logits / T); mask
-    tokens outside top-k (rank by (lp desc, id asc)), outside the smallest top-p nucleus (cumulative
-    float64 sum in that rank order; the token that crosses top_p is kept), and below min_p * p_max;
+    Greedy: argmax, ties to the lowest token id. Otherwise: lp = log_softmax(logits / T); three
+    INDEPENDENT masks, each computed on that full temperature-scaled distribution (top-k does not
+    renormalise before top-p): outside top-k (rank by (lp desc, id asc)); outside the smallest top-p
+    nucleus (cumulative float64 sum of p in that rank order; the token that crosses top_p is kept);
+    p < min_p * p_max with p_max the overall top probability;
     token = argmax(lp + gumbel) over the kept tokens, ties to the lowest id, where
     gumbel = -log(-log(u)) in float64 and u = `shuili.core.noise.uniform(seed, position, id)`,
     a counter-based hash strictly inside (0, 1). Returns int64 [B].
