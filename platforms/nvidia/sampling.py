@@ -46,6 +46,74 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@triton.jit
+def _rotl(x, r: tl.constexpr):
+    return (x << r) | (x >> (32 - r))
+
+
+@triton.jit
+def _mix(h, k):
+    k = _rotl(k * 0xCC9E2D51, 15) * 0x1B873593
+    return _rotl(h ^ k, 13) * 5 + 0xE6546B64
+
+
+@triton.jit
+def _gumbel_argmax_kernel(lp_ptr, keep_ptr, seed_ptr, pos_ptr, out_ptr, V, HAS_KEEP: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """argmax over ids of lp + gumbel(seed, position, id), ties to the lowest id; the noise is
+    shuili.core.noise's MurmurHash3 (uint32 arithmetic wraps exactly as the spec's mod 2^32)."""
+    row = tl.program_id(0).to(tl.int64)
+    seed = tl.load(seed_ptr + row)
+    pos = tl.load(pos_ptr + row)
+    h0 = tl.full([BLOCK], 0x5348554C, tl.uint32)
+    h0 = _mix(h0, (seed & 0xFFFFFFFF).to(tl.uint32))
+    h0 = _mix(h0, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    h0 = _mix(h0, (pos & 0xFFFFFFFF).to(tl.uint32))
+    h0 = _mix(h0, ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    c = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float64)
+    arg = tl.full([BLOCK], 2147483647, tl.int32)
+    for v0 in range(0, V, BLOCK):
+        ids = v0 + c
+        ok = ids < V
+        h = _mix(h0, ids.to(tl.uint32)) ^ 20
+        h = (h ^ (h >> 16)) * 0x85EBCA6B
+        h = (h ^ (h >> 13)) * 0xC2B2AE35
+        h = h ^ (h >> 16)
+        u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10
+        score = tl.load(lp_ptr + row * V + ids, mask=ok, other=float("-inf")).to(tl.float64) - tl.log(-tl.log(u))
+        if HAS_KEEP:
+            ok = ok & (tl.load(keep_ptr + row * V + ids, mask=ok, other=0) != 0)
+        score = tl.where(ok, score, float("-inf"))
+        better = score > best
+        best = tl.where(better, score, best)
+        arg = tl.where(better, ids, arg)
+    top = tl.max(best, axis=0)
+    tl.store(out_ptr + row, tl.min(tl.where(best == top, arg, 2147483647), axis=0).to(tl.int64))
+
+
+_FUSED = {"ok": True}  # flips to False if the fused kernel fails to build on this stack
+
+
+def _gumbel_argmax(lp, keep, seeds, positions):
+    b, v = lp.shape
+    if _FUSED["ok"]:
+        out = torch.empty(b, dtype=torch.int64, device=lp.device)
+        try:
+            _gumbel_argmax_kernel[(b,)](lp.contiguous(), keep if keep is not None else lp,
+                                        seeds.to(torch.int64).contiguous(),
+                                        positions.to(torch.int64).contiguous(), out, v,
+                                        HAS_KEEP=keep is not None, BLOCK=1024, num_warps=4)
+            return out
+        except Exception:  # compile failure: the torch path computes the same function
+            _FUSED["ok"] = False
+    score = lp.to(torch.float64) + noise.gumbel(seeds[:, None], positions[:, None],
+                                                torch.arange(v, device=lp.device)[None, :])
+    if keep is not None:
+        score = torch.where(keep, score, float("-inf"))
+    return torch.argmax(score, dim=1)
+
+
 def apply_penalties(logits, token_counts, prompt_mask, repetition, presence, frequency):
     lg = logits.to(torch.float32)
     seen = prompt_mask | (token_counts > 0)
@@ -81,9 +149,6 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions):
         return greedy
     t = torch.where(sampled, temperature, 1.0).to(torch.float32)
     lp = log_softmax(x / t[:, None])
-    score = lp.to(torch.float64) + noise.gumbel(seeds[:, None], positions[:, None],
-                                                torch.arange(v, device=x.device)[None, :])
     filt = (top_k > 0) | (top_p < 1.0) | (min_p > 0.0)
-    if capturing() or bool(filt.any()):
-        score = torch.where(_keep(lp, top_k, top_p, min_p), score, float("-inf"))
-    return torch.where(sampled, torch.argmax(score, dim=1), greedy)
+    keep = _keep(lp, top_k, top_p, min_p) if capturing() or bool(filt.any()) else None
+    return torch.where(sampled, _gumbel_argmax(lp, keep, seeds, positions), greedy)
