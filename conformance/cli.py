@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
     r.add_argument("--no-replay", action="store_true", help="skip the bounded-replay check")
     r.add_argument("--engine-check", action="append", default=None, metavar="CHECK",
                    help="only these engine checks (repeatable): run_to_run, prefix_cache, "
-                        "batch_invariance, chunking, preemption, decode_vs_prefill, cross_platform")
+                        "batch_invariance, chunking, preemption, decode_vs_prefill, cross_platform, "
+                        "negative_control")
     r.add_argument("--engine-level", default="batch_invariant", choices=["run_to_run", "batch_invariant"],
                    help="what the engine checks hold the platform to (default: batch_invariant, the "
                         "engine's promise; run_to_run reports batch-invariance divergence as info)")

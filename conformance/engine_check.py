@@ -214,47 +214,51 @@ def check_workload(workload: Workload, platform: str, seed: int, engine_level: s
     out: list[CheckResult] = []
     lvl_name = f"bitwise ({level.name})"
 
-    def on(name: str) -> bool:
-        if out and "seconds" not in out[-1].details:
-            out[-1].details["seconds"] = round(time.perf_counter() - clock[0], 2)
-        clock[0] = time.perf_counter()
-        return want is None or name in want
-
-    clock = [time.perf_counter()]
-
     anchor = run(llm, reqs)
     bad = [(labels[i], s.error) for i, s in enumerate(anchor) if s.error]
     if bad:
         out.append(CheckResult(name=f"{prefix}.anchor", kind="engine", status="fail",
                                message=f"requests failed on {platform}: {bad[:3]}"))
         return out, EngineRun(anchor, reqs)
-    if on("prefix_cache"):
-        hot = run(llm, reqs)
-        out.append(_result(f"{prefix}.prefix_cache", held, compare_seqs(anchor, hot, labels),
-                           "a rerun served from the prefix cache gives identical tokens and logprob bits",
-                           "prefix-cache hits change the result." + hint, lvl_name))
-    del llm
-    if on("run_to_run"):
-        again = run(sess.llm(), reqs)
-        out.append(_result(f"{prefix}.run_to_run", level >= L.run_to_run, compare_seqs(anchor, again, labels),
-                           "a fresh engine gives identical tokens and logprob bits",
-                           "the same requests on a fresh engine give other results", lvl_name))
-    if on("batch_invariance"):
-        out.append(_batch_invariance(sess, reqs, anchor, labels, rng, held, hint, prefix, lvl_name))
-    if on("chunking"):
-        for budget in workload.chunk_budgets:
-            got = run(sess.llm(max_num_batched_tokens=budget), reqs)
-            out.append(_result(f"{prefix}.chunking.budget_{budget}", held, compare_seqs(anchor, got, labels),
-                               f"a {budget}-token step budget (chunked prefill) gives identical results",
-                               f"a {budget}-token step budget changes the result." + hint, lvl_name,
-                               budget=budget))
-    if on("preemption"):
-        out.append(_preemption(sess, reqs, anchor, labels, held, hint, prefix, lvl_name))
-    if on("decode_vs_prefill"):
-        out.append(_decode_vs_prefill(sess, reqs, anchor, labels, rng, held, hint, prefix, lvl_name))
-    if on("cross_platform") and platform != "reference":
-        out.append(_cross_platform(workload, resolved, reqs, anchor, labels, prefix))
-    on("")
+
+    def prefix_cache():  # first: it reuses the anchor's engine, whose cache is now hot
+        return [_result(f"{prefix}.prefix_cache", held, compare_seqs(anchor, run(llm, reqs), labels),
+                        "a rerun served from the prefix cache gives identical tokens and logprob bits",
+                        "prefix-cache hits change the result." + hint, lvl_name)]
+
+    def run_to_run():
+        return [_result(f"{prefix}.run_to_run", True, compare_seqs(anchor, run(sess.llm(), reqs), labels),
+                        "a fresh engine gives identical tokens and logprob bits",
+                        "the same requests on a fresh engine give other results", lvl_name)]
+
+    def chunking():
+        return [_result(f"{prefix}.chunking.budget_{b}", held,
+                        compare_seqs(anchor, run(sess.llm(max_num_batched_tokens=b), reqs), labels),
+                        f"a {b}-token step budget (chunked prefill) gives identical results",
+                        f"a {b}-token step budget changes the result." + hint, lvl_name, budget=b)
+                for b in workload.chunk_budgets]
+
+    steps = [
+        ("prefix_cache", prefix_cache),
+        ("run_to_run", run_to_run),
+        ("batch_invariance", lambda: [_batch_invariance(sess, reqs, anchor, labels, rng, held, hint, prefix,
+                                                        lvl_name)]),
+        ("chunking", chunking),
+        ("preemption", lambda: [_preemption(sess, reqs, anchor, labels, held, hint, prefix, lvl_name)]),
+        ("decode_vs_prefill", lambda: [_decode_vs_prefill(sess, reqs, anchor, labels, rng, held, hint, prefix,
+                                                          lvl_name)]),
+        ("cross_platform", lambda: [_cross_platform(workload, resolved, reqs, anchor, labels, prefix)]
+         if platform != "reference" else []),
+        ("negative_control", lambda: [_negative_control(workload, resolved, reqs, anchor, labels, prefix)]),
+    ]
+    for name, check in steps:
+        if want is not None and name not in want:
+            continue
+        t0 = time.perf_counter()
+        results = check()
+        for r in results:
+            r.details["seconds"] = round(time.perf_counter() - t0, 2)
+        out += results
     return out, EngineRun(anchor, reqs)
 
 
@@ -368,6 +372,32 @@ def _cross_platform(workload, resolved, reqs, anchor, labels, prefix) -> CheckRe
                  f"ops below portable_bitwise: {', '.join(weak)}") if div is None else
         "teacher-forced logprobs differ from the reference beyond tolerance (expected = reference)",
         details={"tokens_identical": tokens_same})
+
+
+def _negative_control(workload, resolved, reqs, anchor, labels, prefix) -> CheckResult:
+    """The model's rms_norm moved by one ulp must change the anchor's bits, or the engine
+    comparisons are blind. Passing means the perturbation was caught."""
+    import torch
+
+    from shuili.hal.ops import DispatchTable
+
+    table = resolved.ops.as_dict()
+    inner = table["rms_norm"]
+
+    def rms_norm_plus_ulp(x, weight, eps):
+        y = inner(x, weight, eps)
+        return torch.nextafter(y, torch.full_like(y, float("inf")))
+
+    table["rms_norm"] = rms_norm_plus_ulp
+    perturbed = DispatchTable(resolved.name, table, dict(resolved.ops.sources))
+    got = run(Session(workload, resolved.name, model_ops=perturbed).llm(enable_prefix_caching=True), reqs)
+    div = compare_seqs(anchor, got, labels)
+    return CheckResult(
+        name=f"control.{prefix}.perturbed_model", kind="control", status="pass" if div else "fail",
+        level="must differ", divergence=div,
+        message="caught: a 1-ulp perturbation of the model's rms_norm changes the anchor" if div else
+        "NOT caught: the anchor is unchanged by a 1-ulp perturbation of rms_norm; the engine checks "
+        "are not sensitive")
 
 
 # ------------------------------------------------------------------------------------ baselines

@@ -12,7 +12,7 @@ from shuili.hal import PlatformConfig, resolve_platform
 log = logging.getLogger("shuili.conformance")
 
 ENGINE_CHECKS = ("run_to_run", "prefix_cache", "batch_invariance", "chunking", "preemption",
-                 "decode_vs_prefill", "cross_platform")
+                 "decode_vs_prefill", "cross_platform", "negative_control")
 
 
 def new_seed() -> int:
