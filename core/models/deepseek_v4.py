@@ -335,7 +335,7 @@ class DeepseekV4Model:
         q = ops.rms_norm(ops.linear(qr, p.wq_b).view(T, H, d), None, cfg.rms_norm_eps)
         q = ops.rope(q, pos, cos, sin, r)
         kv = ops.rms_norm(ops.linear(x, p.wkv), p.kv_norm, cfg.rms_norm_eps).view(T, 1, d)
-        kv = ops.rope(kv, pos, cos, sin, r).view(T, d)
+        kv = ops.rope(kv, pos, cos, sin, r).reshape(T, d)
         win = self.caches["swa_kv"][layer]
         self._write(win, meta.batch.slot_mapping["swa_kv"], kv, cfg.window_kv_format)
         kvs, idxs, fmts = [win], [meta.win_idx], [cfg.window_kv_format]
@@ -397,7 +397,7 @@ class DeepseekV4Model:
         pooled = (kv * gate.softmax(dim=1)).sum(dim=1).to(self.dtype)  # [N, dim]
         pooled = ops.rms_norm(pooled, c.norm, cfg.rms_norm_eps).view(-1, 1, dim)
         cos, sin = self.rope[True]
-        pooled = ops.rope(pooled, new.positions, cos, sin, cfg.qk_rope_head_dim).view(-1, dim)
+        pooled = ops.rope(pooled, new.positions, cos, sin, cfg.qk_rope_head_dim).reshape(-1, dim)
         self._write(out, new.out_slots, pooled, fmt)
 
     def _indexer(self, p: Indexer, layer: int, x: torch.Tensor, qr: torch.Tensor, meta: _Meta) -> torch.Tensor:
