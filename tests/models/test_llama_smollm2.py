@@ -148,17 +148,21 @@ def test_batch_and_chunking_do_not_change_bits(model, prompts):
     assert torch.equal(got_decode, ref_decode[0])
 
 
-def test_engine_chat_greedy_matches_transformers(model, hf_greedy):
-    from shuili.core.api import LLM, SamplingParams
+def test_cli_generate_by_name_matches_transformers_greedy(model, hf_greedy, capsys):
+    """`shuili generate` -> registry name -> engine -> chat template (the model is instruct)."""
+    import json
 
-    llm = LLM(model=model, platform="reference", num_blocks=64)
-    (out,) = llm.generate([QUESTION], SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS),
-                          apply_chat_template=True)
+    from shuili.cli import main
+
+    rc = main(["generate", "--model", "smollm2-135m", "--platform", "reference", "--temperature", "0",
+               "--max-tokens", str(NEW_TOKENS), "--num-blocks", "64", "--json", "--prompt", QUESTION])
+    assert rc == 0
+    (out,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     ref = hf_greedy[0][1]
     eos = model.tokenizer.eos_token_ids
-    assert out.error is None and out.prompt_token_ids == model.tokenizer.encode(model.apply_chat_template(QUESTION))
-    assert out.token_ids == ref[:next((i + 1 for i, t in enumerate(ref) if t in eos), len(ref))]
-    assert "Paris" in out.text
+    assert out["error"] is None
+    assert out["token_ids"] == ref[:next((i + 1 for i, t in enumerate(ref) if t in eos), len(ref))]
+    assert "Paris" in out["text"]
 
 
 def test_perplexity_engine_equals_direct_and_transformers(model, ops, hf):
