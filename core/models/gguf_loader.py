@@ -35,7 +35,7 @@ class GGUFTensor:
     name: str
     ggml_type: int
     shape: tuple[int, ...]  # torch order: [..., rows, cols]
-    raw: np.ndarray  # the file's bytes (or values for F32/F16), memory-mapped
+    raw: np.ndarray  # uint8 view of the tensor's bytes in the memory-mapped file
 
     @property
     def type_name(self) -> str:
