@@ -221,6 +221,8 @@ def check_workload(workload: Workload, platform: str, seed: int, engine_level: s
                                message=f"requests failed on {platform}: {bad[:3]}"))
         return out, EngineRun(anchor, reqs)
 
+    out.append(_output_consistency(reqs, anchor, labels, prefix))
+
     def prefix_cache():  # first: it reuses the anchor's engine, whose cache is now hot
         return [_result(f"{prefix}.prefix_cache", held, compare_seqs(anchor, run(llm, reqs), labels),
                         "a rerun served from the prefix cache gives identical tokens and logprob bits",
@@ -260,6 +262,33 @@ def check_workload(workload: Workload, platform: str, seed: int, engine_level: s
             r.details["seconds"] = round(time.perf_counter() - t0, 2)
         out += results
     return out, EngineRun(anchor, reqs)
+
+
+def _output_consistency(reqs, anchor, labels, prefix) -> CheckResult:
+    """MLPerf TEST06-style accounting on the anchor: as many tokens as asked (ignore_eos), one
+    logprob per token, every logprob finite and <= 0, finish reason "length"."""
+    for i, (r, s) in enumerate(zip(reqs, anchor)):
+        want = r.params.max_tokens
+        problem = None
+        if len(s.token_ids) != want or len(s.logprobs) != len(s.token_ids):
+            problem = f"{len(s.token_ids)} tokens and {len(s.logprobs)} logprobs for max_tokens={want}"
+        elif s.finish_reason != "length":
+            problem = f"finish_reason {s.finish_reason!r}, expected 'length' (ignore_eos)"
+        else:
+            bad = [k for k, lp in enumerate(s.logprobs) if not (math.isfinite(lp) and lp <= 0.0)]
+            if bad:
+                k = bad[0]
+                return CheckResult(
+                    name=f"{prefix}.output_consistency", kind="engine", status="fail", level="exact",
+                    message=f"{labels[i]}: logprob {s.logprobs[k]!r} at step {k} is not a finite value <= 0",
+                    divergence=Divergence(where={"request": labels[i], "step": k}, expected="finite <= 0",
+                                          got=s.logprobs[k], got_bits=f32_bits(s.logprobs[k])))
+        if problem:
+            return CheckResult(name=f"{prefix}.output_consistency", kind="engine", status="fail",
+                               level="exact", message=f"{labels[i]}: {problem}")
+    return CheckResult(name=f"{prefix}.output_consistency", kind="engine", status="pass", level="exact",
+                       message=f"{len(reqs)} requests: token counts, logprob counts, finish reasons and "
+                               "logprob ranges consistent")
 
 
 def _batch_invariance(sess, reqs, anchor, labels, rng, held, hint, prefix, lvl) -> CheckResult:

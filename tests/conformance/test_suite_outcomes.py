@@ -45,7 +45,7 @@ def test_reference_passes_every_check(tmp_path):
             assert checks[f"op.{op}.{check}"]["status"] == "pass"
     assert checks["control.op.rms_norm.vs_reference"]["status"] == "pass"  # the perturbation was caught
     assert checks["control.op.linear.batch_invariance"]["status"] == "pass"
-    for name in ("prefix_cache", "run_to_run", "batch_invariance", "chunking.budget_11", "preemption",
+    for name in ("output_consistency", "prefix_cache", "run_to_run", "batch_invariance", "chunking.budget_11", "preemption",
                  "decode_vs_prefill"):
         assert checks[f"engine.tiny-v4-quick.{name}"]["status"] == "pass", checks[f"engine.tiny-v4-quick.{name}"]
     assert checks["engine.tiny-v4-quick.preemption"]["details"]["preemptions"] > 0
