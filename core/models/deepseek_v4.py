@@ -197,7 +197,7 @@ class DeepseekV4Model:
                                                     eos_token_ids=cfg.eos_token_ids)
         self.with_mtp = with_mtp and cfg.num_nextn_predict_layers > 0
         self.embed = params["embed.weight"]
-        self.head = _w(params["head.weight"])
+        self.head = _w(params["embed.weight"] if cfg.tie_word_embeddings else params["head.weight"])
         self.norm = params["norm.weight"]
         self.hc_head = _hc(params, "hc_head_")
         self.blocks = [_block(cfg, params, f"layers.{i}.", cfg.attn_kinds[i], cfg.mlp_kinds[i])

@@ -28,10 +28,11 @@ def schema(cfg: V4Config, with_mtp: bool = True) -> dict[str, Spec]:
     D, H, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
     m, E, I = cfg.hc_mult, cfg.n_routed_experts, cfg.moe_intermediate_size
     s: dict[str, Spec] = {"embed.weight": Spec((cfg.vocab_size, D), "dense"),
-                          "head.weight": Spec((cfg.vocab_size, D), "dense"),
                           "norm.weight": Spec((D,), "f32"),
                           "hc_head_fn": Spec((m, m * D), "f32"), "hc_head_base": Spec((m,), "f32"),
                           "hc_head_scale": Spec((1,), "f32")}
+    if not cfg.tie_word_embeddings:
+        s["head.weight"] = Spec((cfg.vocab_size, D), "dense")
 
     def comp(p: str, dim: int, ratio: int, coff: int):
         s[p + "wkv.weight"] = Spec((coff * dim, D), "dense")
