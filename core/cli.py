@@ -17,7 +17,8 @@ def add_parser(sub) -> None:
     g.add_argument("--input", help="JSONL file: one {\"prompt\": ..., <SamplingParams fields>} or string per line")
     g.add_argument("--output", help="write one JSON result per line here (with --input)")
     g.add_argument("--max-tokens", type=int, default=None)
-    g.add_argument("--temperature", type=float, default=None)
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (the default here, so answers are reproducible as printed)")
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--seed", type=int, default=None)

@@ -8,13 +8,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shuili.core.models import DEFAULT_MODEL
 from shuili.hal import PlatformConfig
 
 
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = Field("tiny-v4", description="a registered name, a checkpoint directory or a .gguf file")
+    model: str = Field(DEFAULT_MODEL, description="a registered name, a checkpoint directory or a .gguf file")
     platform: PlatformConfig = Field(default_factory=lambda: PlatformConfig(platform="auto"))
     dtype: str = Field("float32", description="compute dtype of the model")
     seed: int = Field(0, description="weight seed for synthetic models")
