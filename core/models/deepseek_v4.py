@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
-from shuili.core.models.deepseek_v4_cache import SimpleCacheDriver, cache_groups, state_width, token_slots
+from shuili.core.models.deepseek_v4_cache import SimpleCacheDriver, cache_groups, token_slots
 from shuili.core.models.deepseek_v4_config import V4Config, named
 from shuili.core.models.tokenizer import ByteTokenizer
 from shuili.hal import DispatchTable
