@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 AttnKind = Literal["swa", "csa", "hca"]
 MlpKind = Literal["hash", "topk"]
