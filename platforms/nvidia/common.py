@@ -61,14 +61,6 @@ def key_ids(key: torch.Tensor) -> torch.Tensor:
     return 0xFFFFFFFF - (key & 0xFFFFFFFF)
 
 
-def tree_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over the last dim by a fixed pairwise tree (pad to 2^n, add the upper half onto the
-    lower): the order depends only on the width, the same tree the reference uses."""
-    n = x.shape[-1]
-    width = pow2(n)
-    if width != n:
-        x = torch.nn.functional.pad(x, (0, width - n))
-    while width > 1:
-        width //= 2
-        x = x[..., :width] + x[..., width:]
-    return x[..., 0]
+# the reference's fixed pairwise tree, pure torch, so it runs on the GPU unchanged and gives the
+# same association as the reference for every width
+from shuili.platforms.reference.numerics import tree_sum  # noqa: E402,F401

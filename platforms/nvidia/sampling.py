@@ -114,14 +114,8 @@ def _gumbel_argmax(lp, keep, seeds, positions):
     return torch.argmax(score, dim=1)
 
 
-def apply_penalties(logits, token_counts, prompt_mask, repetition, presence, frequency):
-    lg = logits.to(torch.float32)
-    seen = prompt_mask | (token_counts > 0)
-    r = repetition.to(torch.float32)[:, None]
-    lg = torch.where(seen, torch.where(lg > 0, lg / r, lg * r), lg)
-    counts = token_counts.to(torch.float32)
-    return lg - (frequency.to(torch.float32)[:, None] * counts
-                 + presence.to(torch.float32)[:, None] * (counts > 0).to(torch.float32))
+# elementwise and device-agnostic: the reference implementation is already the right kernel
+from shuili.platforms.reference.sampling import apply_penalties  # noqa: E402,F401
 
 
 def _keep(lp: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
