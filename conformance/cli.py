@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
     r.add_argument("--cases", type=int, default=3, help="fuzzed cases per op, dtype and format")
     r.add_argument("--op", action="append", default=None, metavar="OP", help="only these ops (repeatable)")
     r.add_argument("--no-engine", action="store_true", help="op-level checks only")
+    r.add_argument("--batch-invariant", action="store_true",
+                   help="judge the platform in its batch-invariant mode (platform.batch_invariant)")
     r.add_argument("--no-replay", action="store_true", help="skip the bounded-replay check")
     r.add_argument("--engine-check", action="append", default=None, metavar="CHECK",
                    help="only these engine checks (repeatable): run_to_run, prefix_cache, "
@@ -77,6 +79,7 @@ def cmd_run(args) -> int:
         args.platform, args.workload, seed=args.seed, cases=args.cases, ops=args.op,
         engine=not args.no_engine, engine_checks=tuple(args.engine_check) if args.engine_check else None,
         engine_level=args.engine_level, baseline_root=_root(args), replay=not args.no_replay,
+        batch_invariant=args.batch_invariant,
         command="shuili " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     js, md = report_mod.write(rep, args.out)
     counts = rep.counts()

@@ -112,8 +112,9 @@ class Session:
     A model object is bound to one engine's caches at a time, so engines are used one after
     another, never interleaved."""
 
-    def __init__(self, workload: Workload, platform: str, model_ops=None):
+    def __init__(self, workload: Workload, platform: str, model_ops=None, batch_invariant: bool = False):
         self.w, self.platform = workload, platform
+        self.batch_invariant = batch_invariant  # resolve the platform in its batch-invariant mode
         self.model_ops = model_ops  # a DispatchTable that replaces the platform's ops in the model
         self._models: dict[int, Any] = {}
         self.tokenizer = None
@@ -137,7 +138,8 @@ class Session:
         fields.setdefault("max_num_seqs", self.w.max_num_seqs)
         fields.setdefault("num_blocks", self.w.num_blocks)
         fields.setdefault("enable_prefix_caching", False)
-        llm = LLM(model=self._factory(), platform=self.platform, **fields)
+        llm = LLM(model=self._factory(), **fields,
+                  platform=PlatformConfig(platform=self.platform, batch_invariant=self.batch_invariant))
         self.tokenizer = llm.tokenizer
         self.engines_built += 1
         return llm
@@ -197,15 +199,16 @@ class EngineRun:
 
 
 def check_workload(workload: Workload, platform: str, seed: int, engine_level: str = "batch_invariant",
-                   checks: tuple[str, ...] | None = None, model_ops=None) -> tuple[list[CheckResult], EngineRun]:
+                   checks: tuple[str, ...] | None = None, model_ops=None,
+                   batch_invariant: bool = False) -> tuple[list[CheckResult], EngineRun]:
     """All engine checks of one workload on `platform`. `checks` restricts which run."""
     level = L.parse(engine_level)
     held = level >= L.batch_invariant
-    resolved = resolve_platform(PlatformConfig(platform=platform))
+    resolved = resolve_platform(PlatformConfig(platform=platform, batch_invariant=batch_invariant))
     weak = _weak_ops(resolved, L.batch_invariant)
     hint = f" Ops declared below batch_invariant: {', '.join(weak)}." if weak else ""
     want = set(checks) if checks else None
-    sess = Session(workload, platform, model_ops)
+    sess = Session(workload, platform, model_ops, batch_invariant)
     llm = sess.llm(enable_prefix_caching=True)
     reqs = sess.requests(llm.tokenizer)
     labels = [r.label for r in reqs]
@@ -430,13 +433,13 @@ def _negative_control(workload, resolved, reqs, anchor, labels, prefix) -> Check
 
 
 # ------------------------------------------------------------------------------------ baselines
-def text_samples(workload: Workload, platform: str) -> list[dict]:
+def text_samples(workload: Workload, platform: str, batch_invariant: bool = False) -> list[dict]:
     """Per-text perplexity records of the fixed text set (empty unless the workload asks)."""
     if not workload.ppl_texts:
         return []
     from shuili.core import perplexity
 
-    llm = Session(workload, platform).llm()
+    llm = Session(workload, platform, batch_invariant=batch_invariant).llm()
     return [baselines.sample_record(r.token_ids, [], r.logprobs)
             for r in perplexity.engine_perplexity(llm, perplexity.load_texts())]
 

@@ -20,6 +20,7 @@ from shuili.conformance.compare import Divergence
 from shuili.conformance.engine_check import Req, Seq, compare_seqs, run
 from shuili.conformance.report import CheckResult
 from shuili.conformance.workloads import Workload
+from shuili.hal import PlatformConfig
 from shuili.hal.ops import DispatchTable
 
 
@@ -68,10 +69,11 @@ class Recorder:
         return torch.tensor(out, dtype=torch.int64).view(idx.shape)
 
 
-def _engine(workload: Workload, platform: str, budget: int, keep_all: bool):
+def _engine(workload: Workload, platform: str, budget: int, keep_all: bool, batch_invariant: bool = False):
     from shuili.core.api import LLM
 
-    llm = LLM(model=workload.model, platform=platform, enable_prefix_caching=False,
+    llm = LLM(model=workload.model, enable_prefix_caching=False,
+              platform=PlatformConfig(platform=platform, batch_invariant=batch_invariant),
               max_num_batched_tokens=budget, max_num_seqs=4, num_blocks=workload.num_blocks)
     kv = llm.engine.kv
     release = kv.release_out_of_window
@@ -86,12 +88,13 @@ def _engine(workload: Workload, platform: str, budget: int, keep_all: bool):
     return llm, Recorder(llm.engine.model), freed
 
 
-def check_bounded_replay(workload: Workload, platform: str, seed: int) -> list[CheckResult]:
+def check_bounded_replay(workload: Workload, platform: str, seed: int,
+                         batch_invariant: bool = False) -> list[CheckResult]:
     from shuili.core.api import SamplingParams
 
     name = f"replay.{workload.name}"
     t0 = time.perf_counter()
-    full, rec_full, _ = _engine(workload, platform, 16, keep_all=True)
+    full, rec_full, _ = _engine(workload, platform, 16, keep_all=True, batch_invariant=batch_invariant)
     window = getattr(getattr(full.engine.model, "cfg", None), "sliding_window", 0)
     n = max(workload.replay_prompt_tokens, 2 * window + 3)
     if not window:
@@ -104,7 +107,7 @@ def check_bounded_replay(workload: Workload, platform: str, seed: int) -> list[C
                                                         prompt_logprobs=True))]
     a = run(full, req)
     del full
-    trunc, rec_trunc, freed = _engine(workload, platform, 16, keep_all=False)
+    trunc, rec_trunc, freed = _engine(workload, platform, 16, keep_all=False, batch_invariant=batch_invariant)
     b = run(trunc, req)
     details = {"prompt_tokens": n, "window": window, "chunk": 16, "blocks_freed": freed[0], "seed": seed}
     meta = _compare_meta(rec_full.calls, rec_trunc.calls)

@@ -23,11 +23,14 @@ def run_conformance(platform: str, workload_names: list[str] | None = None, seed
                     cases: int = 3, ops: list[str] | None = None, engine: bool = True,
                     engine_checks: tuple[str, ...] | None = None, engine_level: str = "batch_invariant",
                     baseline_root: str = baselines.DEFAULT_ROOT, replay: bool = True,
-                    command: str = "", extra_plugins: dict | None = None) -> Report:
+                    command: str = "", extra_plugins: dict | None = None,
+                    batch_invariant: bool = False) -> Report:
     """Everything `shuili conformance run` does, as a library call; returns the report."""
     seed = new_seed() if seed is None else seed
     t0 = time.perf_counter()
-    resolved = resolve_platform(PlatformConfig(platform=platform), extra_plugins=extra_plugins)
+    # batch_invariant: judge the platform in its batch-invariant mode (PlatformConfig.batch_invariant)
+    resolved = resolve_platform(PlatformConfig(platform=platform, batch_invariant=batch_invariant),
+                                extra_plugins=extra_plugins)
     reference = resolve_platform(PlatformConfig(platform="reference"))
     report = Report(platform=resolved.name, seed=seed, command=command,
                     fingerprint=baselines.stack_fingerprint(resolved),
@@ -41,31 +44,32 @@ def run_conformance(platform: str, workload_names: list[str] | None = None, seed
     if engine:
         for name in names:
             report.add(_engine(resolved.name, workloads.get(name), seed, engine_checks, engine_level,
-                               baseline_root, replay))
+                               baseline_root, replay, batch_invariant))
     report.duration_s = time.perf_counter() - t0
     return report
 
 
 def _engine(platform: str, w: workloads.Workload, seed: int, checks, engine_level: str, root: str,
-            replay: bool) -> list[CheckResult]:
+            replay: bool, batch_invariant: bool = False) -> list[CheckResult]:
     from shuili.conformance import engine_check
 
     try:
-        results, er = engine_check.check_workload(w, platform, seed, engine_level, checks)
+        results, er = engine_check.check_workload(w, platform, seed, engine_level, checks,
+                                                  batch_invariant=batch_invariant)
     except Exception as exc:  # a platform crash inside the engine is a failure with its reason
         log.exception("engine checks of %s crashed", w.name)
         return [CheckResult(name=f"engine.{w.name}", kind="engine", status="fail",
                             message=f"the engine raised {type(exc).__name__}: {exc}")]
     if er.anchor and not any(s.error for s in er.anchor):
-        resolved = resolve_platform(PlatformConfig(platform=platform))
-        current = engine_check.baseline_body(w, platform, er, engine_check.text_samples(w, platform))
+        resolved = resolve_platform(PlatformConfig(platform=platform, batch_invariant=batch_invariant))
+        current = engine_check.baseline_body(w, platform, er, engine_check.text_samples(w, platform, batch_invariant))
         results.append(baselines.compare(baselines.load(root, platform, w.name), current,
                                          baselines.stack_fingerprint(resolved), f"baseline.{w.name}", root))
     if replay and w.bounded_replay:
         from shuili.conformance import replay as replay_mod
 
         try:
-            results += replay_mod.check_bounded_replay(w, platform, seed)
+            results += replay_mod.check_bounded_replay(w, platform, seed, batch_invariant)
         except Exception as exc:
             log.exception("bounded replay of %s crashed", w.name)
             results.append(CheckResult(name=f"replay.{w.name}", kind="replay", status="fail",
