@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from shuili.platforms.ascend.host import on_host, took
+from shuili.platforms.reference.rope import check_rope_args
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -51,11 +52,10 @@ def build(api, mode) -> dict:
         return y, s
 
     def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False):
-        t, h, d = x.shape
-        if rope_dim <= 0 or rope_dim > d or rope_dim % 2:
-            raise ValueError(f"rope_dim {rope_dim} must be even and in (0, {d}]")
-        if cos.shape[-1] * 2 != rope_dim or sin.shape != cos.shape:
-            raise ValueError(f"cos/sin tables {tuple(cos.shape)} must be [max_pos, {rope_dim // 2}]")
+        t, d, _ = check_rope_args(x, cos, sin, rope_dim)
+        h = x.shape[1]
+        if sin.shape != cos.shape:  # the fused op takes one table shape for both
+            raise ValueError(f"cos/sin tables {tuple(cos.shape)} and {tuple(sin.shape)} must match")
         pos = positions.to(torch.int64)
         c, s = cos[pos], sin[pos]
         if inverse:

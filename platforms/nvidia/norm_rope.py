@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from shuili.platforms.nvidia.common import pow2
+from shuili.platforms.reference.rope import check_rope_args
 
 
 @triton.jit
@@ -83,14 +84,8 @@ def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF, HP: tl.
 
 
 def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False):
-    if x.dim() != 3:
-        raise ValueError(f"rope takes x [T, H, D], got shape {tuple(x.shape)}")
-    t, h, d = x.shape
-    half = rope_dim // 2
-    if rope_dim % 2 or rope_dim > d or rope_dim <= 0:
-        raise ValueError(f"rope_dim must be even, positive and <= D={d}; got {rope_dim}")
-    if cos.shape[-1] != half or sin.shape[-1] != half:
-        raise ValueError(f"cos/sin must be [max_pos, {half}], got {tuple(cos.shape)}")
+    t, d, half = check_rope_args(x, cos, sin, rope_dim)
+    h = x.shape[1]
     x = x.contiguous()
     y = torch.empty_like(x)
     if t:
