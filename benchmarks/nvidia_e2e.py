@@ -28,14 +28,22 @@ from shuili.core.sampling_params import SamplingParams
 from shuili.hal import PlatformConfig
 
 
-def shuili_engine(cfg, params, bi: bool, args):
+# name -> (batch_invariant, enforce_eager, overlap)
+VARIANTS = {"default": (False, False, False), "bi": (True, False, False),
+            "default_overlap": (False, False, True), "bi_overlap": (True, False, True),
+            "default_eager": (False, True, False), "bi_eager": (True, True, False)}
+
+
+def shuili_engine(cfg, params, variant: str, args):
+    bi, eager, overlap = VARIANTS[variant]
+
     def factory(ops, device, dtype, seed):
         return DeepseekV4Model(cfg, ops, params, device=device, dtype=dtype, max_model_len=args.max_len)
 
     conf = EngineConfig(model=args.model, platform=PlatformConfig(platform=args.platform, batch_invariant=bi),
                         dtype=args.dtype, max_num_seqs=args.batch, max_num_batched_tokens=args.budget,
                         tokens_per_block=max(16, cfg.hca_ratio), kv_cache_bytes=args.kv_gib << 30, max_model_len=args.max_len,
-                        enable_prefix_caching=False)
+                        enable_prefix_caching=False, enforce_eager=eager, overlap=overlap)
     return LLM(model=factory, config=conf)
 
 
@@ -57,23 +65,26 @@ def profile(llm, args):
     del r
 
 
-def shuili_runs(cfg, params, bi, args, prompts):
-    llm = shuili_engine(cfg, params, bi, args)
+def shuili_runs(cfg, params, variant, args, prompts):
+    llm = shuili_engine(cfg, params, variant, args)
     run_bench(llm, args.batch, args.input_len, 4, 0.0, 1)  # compiles prefill + decode kernels
     one = run_bench(llm, args.batch, args.input_len, 1, 0.0, 0)
     full = run_bench(llm, args.batch, args.input_len, args.output_len, 0.0, 0)
-    if args.profile and not bi:
+    if args.profile and variant == "default":
         try:
             profile(llm, args)
         except Exception as exc:  # the profile is a diagnosis, never a reason to lose the numbers
             print(f"profile failed: {type(exc).__name__}: {exc}", flush=True)
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     first = [o.token_ids[0] for o in outs]
+    g = llm.engine.runner.graphs
+    graphs = None if g is None else {"captured": [list(k) for k in g.graphs], "disabled": g.disabled,
+                                     "replays": sum(x.replays for x in g.graphs.values())}
     del llm
     sync()
     return {"prefill_tok_s": args.batch * args.input_len / one["wall_s"],
             "decode_tok_s": args.batch * (args.output_len - 1) / (full["wall_s"] - one["wall_s"]),
-            "bench_output_len_1": one, "bench_full": full}, first
+            "bench_output_len_1": one, "bench_full": full, "graphs": graphs}, first
 
 
 def sync():
@@ -127,6 +138,8 @@ def main():
     ap.add_argument("--kv-gib", type=int, default=8)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--variants", default="default,bi,default_overlap,bi_overlap,default_eager",
+                    help=f"comma-separated shuili configurations of {sorted(VARIANTS)}")
     ap.add_argument("--model", default="mid-v4")
     ap.add_argument("--platform", default="nvidia")
     ap.add_argument("--dtype", default="bfloat16")
@@ -137,32 +150,35 @@ def main():
     rng = random.Random(0)
     prompts = [[rng.randrange(2, cfg.vocab_size) for _ in range(args.input_len)] for _ in range(args.batch)]
     res = {"config": vars(args), "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
-    res["shuili_default"], first_d = shuili_runs(cfg, params, False, args, prompts)
-    print("shuili default", {k: v for k, v in res["shuili_default"].items() if "tok_s" in k}, flush=True)
-    res["shuili_bi"], first_b = shuili_runs(cfg, params, True, args, prompts)
-    print("shuili batch-invariant", {k: v for k, v in res["shuili_bi"].items() if "tok_s" in k}, flush=True)
+    firsts = {}
+    for v in args.variants.split(","):
+        res[f"shuili_{v}"], firsts[v] = shuili_runs(cfg, params, v, args, prompts)
+        r = res[f"shuili_{v}"]
+        print(f"shuili {v}", {k: x for k, x in r.items() if "tok_s" in k}, "graphs", r["graphs"], flush=True)
     if not args.skip_hf:
         res["transformers"], first_h = hf_runs(cfg, params, args, prompts)
-        res["first_token_agreement_default_vs_hf"] = sum(a == b for a, b in zip(first_d, first_h)) / len(first_h)
-        res["first_token_agreement_bi_vs_hf"] = sum(a == b for a, b in zip(first_b, first_h)) / len(first_h)
-    d, b = res["shuili_default"], res["shuili_bi"]
-    res["bi_decode_overhead_pct"] = 100 * (d["decode_tok_s"] / b["decode_tok_s"] - 1)
-    res["bi_prefill_overhead_pct"] = 100 * (d["prefill_tok_s"] / b["prefill_tok_s"] - 1)
+        for v, f in firsts.items():
+            res[f"first_token_agreement_{v}_vs_hf"] = sum(a == b for a, b in zip(f, first_h)) / len(first_h)
+    for base in ("", "_overlap", "_eager"):
+        d, b = res.get(f"shuili_default{base}"), res.get(f"shuili_bi{base}")
+        if d and b:
+            res[f"bi{base}_decode_overhead_pct"] = 100 * (d["decode_tok_s"] / b["decode_tok_s"] - 1)
+            res[f"bi{base}_prefill_overhead_pct"] = 100 * (d["prefill_tok_s"] / b["prefill_tok_s"] - 1)
     if "transformers" in res:
         h = res["transformers"]
-        res["decode_speedup_vs_hf"] = d["decode_tok_s"] / h["decode_tok_s"]
-        res["prefill_speedup_vs_hf"] = d["prefill_tok_s"] / h["prefill_tok_s"]
+        for v in firsts:
+            res[f"{v}_decode_speedup_vs_hf"] = res[f"shuili_{v}"]["decode_tok_s"] / h["decode_tok_s"]
+            res[f"{v}_prefill_speedup_vs_hf"] = res[f"shuili_{v}"]["prefill_tok_s"] / h["prefill_tok_s"]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     print(f"{'':<26}{'prefill tok/s':>14}{'decode tok/s':>14}")
-    for k in ("shuili_default", "shuili_bi", "transformers"):
+    for k in [f"shuili_{v}" for v in firsts] + ["transformers"]:
         if k in res:
             print(f"{k:<26}{res[k]['prefill_tok_s']:14.0f}{res[k]['decode_tok_s']:14.1f}")
-    for k in ("decode_speedup_vs_hf", "prefill_speedup_vs_hf", "bi_decode_overhead_pct", "bi_prefill_overhead_pct",
-              "first_token_agreement_default_vs_hf", "first_token_agreement_bi_vs_hf"):
-        if k in res:
-            print(f"{k}: {res[k]:.3f}")
+    for k, x in res.items():
+        if k.endswith(("_pct", "_vs_hf")):
+            print(f"{k}: {x:.3f}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ class EngineConfig(BaseModel):
     kv_cache_bytes: int = Field(1 << 30, description="KV memory budget when num_blocks is None")
     enable_prefix_caching: bool = True
     overlap: bool = Field(False, description="prepare step N+1 on the host while step N runs")
+    enforce_eager: bool = Field(False, description="never replay decode steps as device graphs (graphs "
+                                "are used where the platform and the model support them)")
     policy: Literal["fcfs", "priority"] = "fcfs"
 
     @field_validator("platform", mode="before")

@@ -50,12 +50,22 @@ class Engine:
         self.kv = KVCacheManager(groups, self.num_blocks, P, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, config.policy)
-        self.runner = ModelRunner(model, self.ops, groups, self.num_blocks, P, self.device)
+        self.runner = ModelRunner(model, self.ops, groups, self.num_blocks, P, self.device,
+                                  self._graphs(model, groups, P))
         self._inflight: tuple[SchedulerOutput, StepResult] | None = None
         self._ids = itertools.count()
         self.eos = tuple(self.tokenizer.eos_token_ids)
         self.num_steps = 0
         self.schedule_seconds = 0.0  # thread CPU time inside Scheduler.schedule (bench reports it per step)
+
+    def _graphs(self, model, groups, P: int):
+        capture = self.platform.capture_graph
+        if self.config.enforce_eager or capture is None or not getattr(model, "supports_static_decode", False):
+            return None
+        from shuili.core.graphs import DecodeGraphs
+
+        return DecodeGraphs(model, capture, groups, self.config.max_num_seqs,
+                            -(-self.max_model_len // P), P, self.device)
 
     @staticmethod
     def _max_len(config: EngineConfig, model) -> int:

@@ -70,6 +70,12 @@ class ForwardBatch:
     token's entry goes (full and sliding groups only; -1 = do not write). Compressed groups compute
     entry slots from block_tables (entry e -> block_tables[b, e // (P // ratio)]).
     logits_indices int64 [N]: rows of the T tokens whose next-token logits are wanted.
+
+    static_decode: the batch is a graph-capturable decode step: T = B, one token per sequence,
+    every row's logits wanted, shapes padded to a bucket (padding rows: position 0, block tables and
+    slots -1), the host lists empty and the values unknown at capture time. A model that accepts it
+    sets `supports_static_decode = True` and must then derive everything from the device tensors,
+    with shapes that depend only on the tensors' shapes (no host sync, no data-dependent sizes).
     """
 
     input_ids: torch.Tensor
@@ -85,6 +91,7 @@ class ForwardBatch:
     query_start_loc_cpu: list[int] = field(default_factory=list)
     seq_lens_cpu: list[int] = field(default_factory=list)
     context_lens_cpu: list[int] = field(default_factory=list)
+    static_decode: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -105,7 +112,11 @@ class Tokenizer(Protocol):
 
 
 class Model(Protocol):
-    """What the engine needs of a model. `forward` returns float32 logits [N, vocab]."""
+    """What the engine needs of a model. `forward` returns float32 logits [N, vocab].
+
+    Optional: `supports_static_decode = True` lets the runner capture decode steps as device graphs
+    (see `ForwardBatch.static_decode`).
+    """
 
     vocab_size: int
     max_model_len: int

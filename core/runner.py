@@ -46,8 +46,9 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model, ops, groups: list[CacheGroupSpec], num_blocks: int,
-                 tokens_per_block: int, device: str = "cpu"):
+                 tokens_per_block: int, device: str = "cpu", graphs=None):
         self.model = model
+        self.graphs = graphs  # DecodeGraphs or None (eager)
         self.ops = ops
         self.groups = groups
         self.P = tokens_per_block
@@ -116,7 +117,12 @@ class ModelRunner:
         if batch.logits_indices.numel() == 0:
             self.model.forward(batch)
             return StepResult(sample_rows, None, None, None)
-        logits = self.model.forward(batch)
+        logits = None
+        decode = not prompt_rows and len(sample_rows) == len(out.chunks) == batch.num_tokens
+        if self.graphs is not None and decode and self.graphs.accepts(batch):
+            logits = self.graphs.run(batch)
+        if logits is None:
+            logits = self.model.forward(batch)
         if logits.shape[0] != batch.logits_indices.shape[0]:
             raise RuntimeError(f"model returned {logits.shape[0]} logits rows, expected "
                                f"{batch.logits_indices.shape[0]} (one per logits_indices entry)")

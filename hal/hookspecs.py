@@ -1,7 +1,8 @@
 """pluggy hook specs (project "shuili"). Hooks are factories called at start-up, never per op.
 
-A platform plugin is one module or object implementing these four hooks. The three hooks taking a
-`platform` argument are `firstresult`: a plugin returns None for every platform name but its own.
+A platform plugin is one module or object implementing these hooks (the first four are required,
+`shuili_platform_graph_capture` is optional). The hooks taking a `platform` argument are
+`firstresult`: a plugin returns None for every platform name but its own.
 """
 from __future__ import annotations
 
@@ -43,4 +44,15 @@ def shuili_platform_ops(platform: str, config):
     """For your own platform name, return a dict {op name: plain callable} for the ops of
     `shuili.hal.ops` it implements. Ops left out need `allow_reference_fallback`. None otherwise.
     Called once, after a successful probe; it may import vendor runtimes and compile kernels.
+    """
+
+
+@hookspec(firstresult=True)
+def shuili_platform_graph_capture(platform: str, config):
+    """Optional (HAL 1.1). For your own platform name, return `capture(fn) -> replay`: `fn` takes no
+    arguments and reads and writes only tensors its caller keeps alive (static input buffers, caches,
+    weights); `capture` warms it up, records it as a device graph and returns a no-argument `replay`
+    that re-runs the recorded work and returns the tensors `fn` returned at capture (the same objects,
+    refilled). The engine uses it for decode steps when capabilities.graph_capture is true. Graphs
+    captured by one `capture` may share one memory pool: only one replays at a time. None otherwise.
     """

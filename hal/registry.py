@@ -11,6 +11,7 @@ import importlib
 import importlib.metadata
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import pluggy
 
@@ -184,6 +185,8 @@ class ResolvedPlatform:
     config: PlatformConfig
     reason: str  # why this platform was chosen
     fallbacks: tuple[str, ...] = ()
+    # capture(fn) -> replay, from the optional shuili_platform_graph_capture hook; None = run eagerly
+    capture_graph: Callable | None = None
 
     @property
     def name(self) -> str:
@@ -299,6 +302,21 @@ def resolve_platform(
     if undeclared:
         raise HALError(f"platform {entry.name!r} declares no capability for ops {undeclared}")
     caps = caps.model_copy(update={"ops": cap_ops})
+    capture = _graph_capture(pm, entry.name, config, caps)
     log.info("platform %s selected (%s)", entry.name, reason)
     return ResolvedPlatform(entry.info, caps, DispatchTable(entry.name, ops, sources), config, reason,
-                            tuple(missing))
+                            tuple(missing), capture)
+
+
+def _graph_capture(pm: pluggy.PluginManager, name: str, config: PlatformConfig,
+                   caps: PlatformCapabilities) -> Callable | None:
+    capture = pm.hook.shuili_platform_graph_capture(platform=name, config=config)
+    if capture is None:
+        return None
+    if not caps.graph_capture:
+        raise HALError(f"platform {name!r} returns a graph capture but declares graph_capture=False; "
+                       "declare it in capabilities or return None from shuili_platform_graph_capture")
+    if not callable(capture):
+        raise HALError(f"platform {name!r}: shuili_platform_graph_capture returned "
+                       f"{type(capture).__name__}, not a callable capture(fn) -> replay")
+    return capture

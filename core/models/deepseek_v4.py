@@ -133,59 +133,85 @@ class _NewEntries:
 
 
 class _Meta:
-    """Everything derived from a ForwardBatch once and shared by all layers."""
+    """Everything derived from a ForwardBatch once and shared by all layers.
+
+    Eager batches use the host lists for exact sizes; a static decode batch (graph capture) derives
+    everything on the device with sizes fixed by the tensors' shapes: each token may complete one
+    compressed entry per ratio (out slot -1 when it does not) and the HCA index width is every entry
+    the block table can hold (-1 past the visible ones). Padding changes no bits: the ops are
+    row-wise and skip -1 indices.
+    """
 
     def __init__(self, m: "DeepseekV4Model", b: ForwardBatch):
         cfg, dev, P = m.cfg, b.input_ids.device, b.tokens_per_block
         if P != m.tokens_per_block:
             raise ValueError(f"batch tokens_per_block {P} != the {m.tokens_per_block} the caches were bound with")
         self.batch, self.P = b, P
-        qsl = b.query_start_loc_cpu or b.query_start_loc.tolist()
-        ctx = b.context_lens_cpu or b.context_lens.tolist()
-        sl = b.seq_lens_cpu or b.seq_lens.tolist()
-        counts = torch.tensor([qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)], dtype=torch.int64)
-        self.tok_seq = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)
         self.pos = b.positions.long()
         self.qsl = b.query_start_loc
+        if b.static_decode:
+            self.tok_seq = torch.arange(len(self.pos), device=dev)
+        else:
+            qsl = b.query_start_loc_cpu or b.query_start_loc.tolist()
+            counts = torch.tensor([qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)], dtype=torch.int64)
+            self.tok_seq = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)
         W = cfg.sliding_window
         win_pos = self.pos[:, None] - (W - 1) + torch.arange(W, device=dev)[None]
         self.win_idx = token_slots(b.block_tables["swa_kv"], self.tok_seq[:, None].expand_as(win_pos), win_pos,
                                    P).int()
         self.new: dict[str, _NewEntries] = {}
         for kind, ratio in (("csa", cfg.csa_ratio), ("hca", cfg.hca_ratio)):
-            if not cfg.layers_of(kind):
-                continue
-            self.new[kind] = self._new_entries(b, kind, ratio, ctx, sl, dev)
+            if cfg.layers_of(kind):
+                seq, ent, done = self._completed(b, ratio)
+                self.new[kind] = _new_entries(b, kind, ratio, seq, ent, done)
         self.hca_idx = None
         if cfg.layers_of("hca"):
             r = cfg.hca_ratio
             vis = torch.div(self.pos + 1, r, rounding_mode="floor")
-            n = max([s // r for s in sl] + [0])
+            if b.static_decode:
+                n = b.block_tables["hca_kv"].shape[1] * (P // r)
+            else:
+                n = max([s // r for s in (b.seq_lens_cpu or b.seq_lens.tolist())] + [0])
             e = torch.arange(n, device=dev)[None].expand(len(self.pos), n)
             idx = token_slots(b.block_tables["hca_kv"], self.tok_seq[:, None].expand_as(e), e, P // r)
             self.hca_idx = torch.where(e < vis[:, None], idx, torch.full_like(idx, -1)).int()
 
-    @staticmethod
-    def _new_entries(b: ForwardBatch, kind: str, ratio: int, ctx: list[int], sl: list[int], dev) -> _NewEntries:
+    def _completed(self, b: ForwardBatch, ratio: int):
+        """(seq, entry, done) of the compressed entries this step completes: int64 [N] each."""
+        if b.static_decode:
+            nxt = self.pos + 1
+            ent = torch.div(nxt, ratio, rounding_mode="floor") - 1
+            return self.tok_seq, ent.clamp(min=0), (nxt % ratio == 0) & (ent >= 0)
         seqs, ents = [], []
+        ctx = b.context_lens_cpu or b.context_lens.tolist()
+        sl = b.seq_lens_cpu or b.seq_lens.tolist()
         for s, (c, n) in enumerate(zip(ctx, sl)):
             for e in range(c // ratio, n // ratio):
                 seqs.append(s)
                 ents.append(e)
+        dev = b.input_ids.device
         seq = torch.tensor(seqs, dtype=torch.int64, device=dev)
-        ent = torch.tensor(ents, dtype=torch.int64, device=dev)
-        first = -ratio if kind == "csa" else 0  # CSA pools the previous block's Ca half too
-        span = ratio - first
-        src = ent[:, None] * ratio + first + torch.arange(span, device=dev)[None]
-        src_slots = token_slots(b.block_tables[f"{kind}_state"], seq[:, None].expand_as(src), src,
-                                b.tokens_per_block)
-        out = token_slots(b.block_tables[f"{kind}_kv"], seq, ent, b.tokens_per_block // ratio)
-        return _NewEntries(src_slots, out, ent * ratio)
+        return seq, torch.tensor(ents, dtype=torch.int64, device=dev), None
+
+
+def _new_entries(b: ForwardBatch, kind: str, ratio: int, seq: torch.Tensor, ent: torch.Tensor,
+                 done: torch.Tensor | None) -> _NewEntries:
+    first = -ratio if kind == "csa" else 0  # CSA pools the previous block's Ca half too
+    span = ratio - first
+    src = ent[:, None] * ratio + first + torch.arange(span, device=ent.device)[None]
+    src_slots = token_slots(b.block_tables[f"{kind}_state"], seq[:, None].expand_as(src), src,
+                            b.tokens_per_block)
+    out = token_slots(b.block_tables[f"{kind}_kv"], seq, ent, b.tokens_per_block // ratio)
+    if done is not None:
+        out = torch.where(done, out, torch.full_like(out, -1))
+    return _NewEntries(src_slots, out, ent * ratio)
 
 
 # ------------------------------------------------------------------------------------------- model
 class DeepseekV4Model:
     """Implements `shuili.core.model_api.Model` for DeepSeek-V4 checkpoints and random configs."""
+
+    supports_static_decode = True
 
     def __init__(self, cfg: V4Config, ops: DispatchTable, params: dict, device: str = "cpu",
                  dtype: str = "float32", max_model_len: int | None = None, tokenizer=None, with_mtp: bool = False):
@@ -389,7 +415,9 @@ class DeepseekV4Model:
         if c.coff == 2:  # slots [0, r): the previous block's Ca half; [r, 2r): this block's Cb half
             kv = torch.cat([kv[:, :r, :dim], kv[:, r:, dim:]], dim=1)
             gate = torch.cat([gate[:, :r, :dim], gate[:, r:, dim:]], dim=1)
-        valid = (new.src_slots >= 0)[..., None]
+        # a row that is not written (out slot -1: static decode) may have no source slot at all; let
+        # it pool finite stale rows rather than softmax over all -inf
+        valid = ((new.src_slots >= 0) | (new.out_slots < 0)[:, None])[..., None]
         kv = torch.where(valid, kv, torch.zeros_like(kv))
         gate = torch.where(valid, gate, torch.full_like(gate, float("-inf")))
         # softmax over the 2r (or r) token slots, per channel; the contiguous inner dim is the

@@ -38,6 +38,28 @@ class GraphedStep:
         return self.outputs
 
 
+class Capturer:
+    """The HAL's `capture(fn) -> replay` for this platform: every graph it records shares one memory
+    pool (the engine replays one graph at a time, so their intermediates may overlap)."""
+
+    def __init__(self, warmup: int = 2):
+        self.warmup = warmup
+        self.pool = None
+        self.count = 0
+
+    def __call__(self, fn: Callable[[], object]) -> Callable[[], object]:
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        step = GraphedStep(lambda: fn(), (), warmup=self.warmup, pool=self.pool)
+        self.count += 1
+
+        def replay():
+            step.graph.replay()
+            return step.outputs
+
+        return replay
+
+
 def bucket(n: int) -> int:
     for b in BUCKETS:
         if b >= n:

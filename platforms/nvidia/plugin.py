@@ -124,3 +124,12 @@ def shuili_platform_ops(platform, config):
     from shuili.platforms.nvidia.ops import make_ops
 
     return make_ops(batch_invariant(config))
+
+
+@hookimpl
+def shuili_platform_graph_capture(platform, config):
+    if platform != NAME:
+        return None
+    from shuili.platforms.nvidia.graphs import Capturer
+
+    return Capturer()

@@ -227,3 +227,51 @@ def test_cli_platforms_json_reports_availability_and_reasons():
 def test_platform_config_rejects_unknown_fields():
     with pytest.raises(ValueError, match="extra"):
         PlatformConfig(platfrom="reference")
+
+
+class GraphPlatform(FakePlatform):
+    """A fake platform with the optional graph-capture hook (HAL 1.1)."""
+
+    def __init__(self, capture, declares=True, **kw):
+        super().__init__(**kw)
+        self.capture, self.declares = capture, declares
+
+    @hookimpl
+    def shuili_platform_capabilities(self, platform, config):
+        caps = super().shuili_platform_capabilities(platform, config)
+        return None if caps is None else caps.model_copy(update={"graph_capture": self.declares})
+
+    @hookimpl
+    def shuili_platform_graph_capture(self, platform, config):
+        return self.capture if platform == self.name else None
+
+
+def test_graph_capture_hook_is_optional_and_checked():
+    def capture(fn):
+        return fn
+
+    assert resolve_platform(PlatformConfig(platform="reference")).capture_graph is None
+    plat = resolve_platform(PlatformConfig(platform="fake"), extra_plugins={"fake": GraphPlatform(capture)})
+    assert plat.capture_graph is capture
+    with pytest.raises(HALError, match="declares graph_capture=False"):
+        resolve_platform(PlatformConfig(platform="fake"),
+                         extra_plugins={"fake": GraphPlatform(capture, declares=False)})
+    with pytest.raises(HALError, match="not a callable"):
+        resolve_platform(PlatformConfig(platform="fake"), extra_plugins={"fake": GraphPlatform(42)})
+
+
+def test_engine_uses_graphs_only_when_platform_and_model_allow(monkeypatch):
+    from shuili import LLM
+    from shuili.core import engine as engine_mod
+
+    real = engine_mod.resolve_platform
+
+    def with_capture(config):
+        return real(config).__class__(**{**real(config).__dict__, "capture_graph": lambda fn: fn})
+
+    monkeypatch.setattr(engine_mod, "resolve_platform", with_capture)
+    kw = dict(model="tiny-v4", platform="reference", tokens_per_block=16, max_num_seqs=4)
+    assert LLM(**kw).engine.runner.graphs is not None
+    assert LLM(**kw, enforce_eager=True).engine.runner.graphs is None
+    monkeypatch.setattr(engine_mod, "resolve_platform", real)
+    assert LLM(**kw).engine.runner.graphs is None  # the reference declares no capture

@@ -42,3 +42,44 @@ def test_decode_step_graph_matches_eager(bi):
         tok_g, lg_g = g(*fresh)
         tok_e, lg_e = step(*fresh)
         assert torch.equal(lg_g, lg_e) and torch.equal(tok_g, tok_e)
+
+
+def _engine_bits(bi: bool, eager: bool, overlap: bool = False):
+    import struct
+
+    from shuili import LLM, SamplingParams
+    from shuili.hal import PlatformConfig
+
+    llm = LLM(model="tiny-v4", platform=PlatformConfig(platform="nvidia", batch_invariant=bi),
+              tokens_per_block=16, max_num_seqs=8, max_num_batched_tokens=64, enforce_eager=eager,
+              overlap=overlap)
+    lens = [1, 3, 15, 16, 17, 33, 47]
+    prompts = [[(7 * i + 3 * j) % 1000 + 2 for j in range(n)] for i, n in enumerate(lens)]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=100 + i, max_tokens=6 + 3 * i,
+                             ignore_eos=True, logprobs=1) for i in range(len(lens))]
+    outs = llm.generate(prompts, params)
+    g = llm.engine.runner.graphs
+    assert all(o.error is None for o in outs), [o.error for o in outs]
+    return [(o.token_ids, [struct.pack("<f", x) for x in o.logprobs]) for o in outs], g
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_engine_decode_graphs_match_eager_bits_in_batch_invariant_mode(overlap):
+    eager, g0 = _engine_bits(True, True)
+    graphed, g = _engine_bits(True, False, overlap)
+    assert g0 is None and g is not None and g.disabled is None, getattr(g, "disabled", None)
+    assert sum(x.replays for x in g.graphs.values()) >= 20 and len(g.graphs) >= 3
+    assert graphed == eager
+
+
+def test_engine_decode_graphs_default_mode_close_to_eager():
+    import struct
+
+    eager, _ = _engine_bits(False, True)
+    graphed, g = _engine_bits(False, False)
+    assert g.disabled is None and g.graphs
+    for (te, le), (tg, lg) in zip(eager, graphed):
+        a = [struct.unpack("<f", x)[0] for x in le]
+        b = [struct.unpack("<f", x)[0] for x in lg]
+        n = next((i for i, (x, y) in enumerate(zip(te, tg)) if x != y), len(te))  # up to a near-tie flip
+        assert n > 0 and all(abs(x - y) <= 1e-3 * (1 + abs(x)) for x, y in zip(a[:n], b[:n]))
