@@ -61,7 +61,7 @@ def profile(llm, args):
     busy = sum(e.self_device_time_total for e in ev) / 1e6
     print(f"profile: 8 decode steps + 1 prefill, wall {wall:.3f}s, device busy {busy:.3f}s, "
           f"launches {sum(e.count for e in ev if e.device_type.name == 'CUDA')}", flush=True)
-    print(ev.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60), flush=True)
+    print(ev.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60), flush=True)
     del r
 
 

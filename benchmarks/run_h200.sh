@@ -20,7 +20,7 @@ env_() {
   } 2>&1 | tee "$OUT/env.txt"
 }
 tests_() {
-  timeout ${T_TESTS:-240} python3 -m pytest -q -p no:cacheprovider tests/nvidia 2>&1 | tail -25 | tee "$OUT/tests.txt"
+  timeout ${T_TESTS:-240} python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/nvidia} 2>&1 | tail -25 | tee "$OUT/tests.txt"
 }
 conf_() {  # the CLI, default mode, op level (it prints its report at the end only)
   timeout ${T_CONF:-300} python3 -m shuili conformance run --platform nvidia --no-engine --cases ${CASES:-2} \
