@@ -21,6 +21,10 @@ from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
 
 FMT_ID = {"dense": 0, "fp8_block128": 1, "mxfp4": 2}
 BI_TILE = (64, 64, 64)  # BM, BN, BK in batch-invariant mode, for every M
+# batch-invariant split-K: below this many column tiles, K is cut into chunks of at least
+# BI_MIN_KC so that a decode-sized linear (N = 24 .. 2048) is not streamed by a few SMs
+BI_MIN_PROGRAMS = 128
+BI_MIN_KC = 256
 
 
 @triton.jit
@@ -47,10 +51,10 @@ def _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn,
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N, K, s_xm, s_ym,
+def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N, K, KC, s_xm, s_ym,
                  s_we, s_wn, s_se, s_sn, FMT: tl.constexpr, GROUPED: tl.constexpr,
                  HAS_BIAS: tl.constexpr, F32: tl.constexpr, NATIVE_FP8: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                 SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
@@ -69,9 +73,11 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N
     cols = pid_n * BN + tl.arange(0, BN)
     cok = cols < N
     acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, K, BK):
+    k_lo = tl.program_id(2) * KC  # SPLIT > 1: this program's fixed K chunk [k_lo, k_lo + KC)
+    k_hi = tl.minimum(k_lo + KC, K)
+    for k0 in range(k_lo, k_hi, BK):
         kk = k0 + tl.arange(0, BK)
-        kok = kk < K
+        kok = kk < k_hi
         a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :],
                     mask=rok[:, None] & kok[None, :], other=0.0)
         w = _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
@@ -79,10 +85,28 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N
             acc += tl.dot(a, tl.trans(w), input_precision="ieee")
         else:
             acc += tl.dot(a, tl.trans(w))
+    if SPLIT > 1:  # fp32 partials [SPLIT, M, N]; _split_sum adds them in split order
+        part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
+        tl.store(part + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=rok[:, None] & cok[None, :])
+        return
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None].to(tl.int64) * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=rok[:, None] & cok[None, :])
+
+
+@triton.jit
+def _split_sum_kernel(p_ptr, b_ptr, y_ptr, M, N, s_ym, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < M * N
+    acc = tl.load(p_ptr + i, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(p_ptr + s * M * N + i, mask=ok, other=0.0)
+    col = i % N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + (i // N).to(tl.int64) * s_ym + col, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def _tiles_for(m: int, batch_invariant: bool):
@@ -115,22 +139,45 @@ def _weight_args(w: Weight, grouped: bool):
     return data, scale, s_we, s_wn, scale.stride(0) if grouped else 0, scale.stride(-2)
 
 
+def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
+    """(splits, K per split) for batch-invariant mode: a fixed split of K chosen from the weight's
+    shape alone (never from M, so a row's sum order is the same in every batch). Narrow outputs get
+    several K chunks so that more than a handful of programs stream the weight; wide ones get one."""
+    bn, bk = BI_TILE[1], BI_TILE[2]
+    tiles = cdiv(n, bn) * groups
+    if tiles >= BI_MIN_PROGRAMS or k < 2 * BI_MIN_KC:
+        return 1, k
+    want = min(cdiv(BI_MIN_PROGRAMS, tiles), k // BI_MIN_KC)
+    kc = cdiv(cdiv(k, want), bk) * bk
+    return cdiv(k, kc), kc
+
+
 def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped):
     m, k = x.shape
     n = w.shape[-2]
     data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
+    split, kc = 1, k
     if grouped:
         te, t0, t1, nt = tiles
         bm, bn, bk = _tiles_for(0, True) if batch_invariant else _tiles_for(m, False)
+        if batch_invariant:
+            split, kc = bi_split(n, k, w.shape[0])
     else:
         bm, bn, bk = _tiles_for(m, batch_invariant)
         te = t0 = t1 = x
         nt = cdiv(m, bm)
-    _gemm_kernel[(nt, cdiv(n, bn))](
-        x, data, scale, bias if bias is not None else x, y, te, t0, t1, m, n, k, x.stride(0),
+        if batch_invariant:
+            split, kc = bi_split(n, k)
+    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    _gemm_kernel[(nt, cdiv(n, bn), split)](
+        x, data, scale, bias if bias is not None else x, out, te, t0, t1, m, n, k, kc, x.stride(0),
         y.stride(0), s_we, s_wn, s_se, s_sn, FMT=FMT_ID[w.format], GROUPED=grouped,
         HAS_BIAS=bias is not None, F32=x.dtype == torch.float32, NATIVE_FP8=not interpreting(),
-        BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3)
+        SPLIT=split, BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3)
+    if split > 1:
+        block = 1024
+        _split_sum_kernel[(cdiv(m * n, block),)](out, bias if bias is not None else out, y, m, n, y.stride(0),
+                                                 SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block)
     return y
 
 
