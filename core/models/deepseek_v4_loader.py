@@ -99,18 +99,21 @@ def _grouped_dense(t: torch.Tensor, cfg: V4Config) -> Weight:
 # ----------------------------------------------------------------------------------- random weights
 def random_params(cfg: V4Config, device: str = "cpu", dtype: str = "float32", seed: int = 0,
                   with_mtp: bool = True) -> dict:
-    """Seeded random weights, generated on `device` in schema order (one RNG stream, no per-expert
-    Python loops). What a default init leaves at zero is randomised too: sinks, ape, router bias,
-    mHC bases, and tid2eid (distinct experts per token)."""
-    g = torch.Generator(device=device).manual_seed(seed)
+    """Seeded random weights in schema order (one RNG stream, no per-expert Python loops), drawn
+    on the CPU and then moved to `device`, so a seed is the same model on every device. What a
+    default init leaves at zero is randomised too: sinks, ape, router bias, mHC bases, and
+    tid2eid (distinct experts per token)."""
+    # a CUDA generator draws other numbers from the same seed: the reference (CPU) and a GPU
+    # platform would then compare two different models
+    g = torch.Generator(device="cpu").manual_seed(seed)
     dt, std = getattr(torch, dtype), cfg.initializer_range
     out: dict = {}
     for name, sp in schema(cfg, with_mtp and cfg.num_nextn_predict_layers > 0).items():
         if sp.kind == "i64":
-            r = torch.rand(sp.shape[0], cfg.n_routed_experts, generator=g, device=device)
-            out[name] = r.argsort(dim=-1)[:, : sp.shape[1]].contiguous()
+            r = torch.rand(sp.shape[0], cfg.n_routed_experts, generator=g)
+            out[name] = r.argsort(dim=-1)[:, : sp.shape[1]].contiguous().to(device)
             continue
-        t = torch.empty(sp.shape, dtype=torch.float32, device=device)
+        t = torch.empty(sp.shape, dtype=torch.float32)
         if name.endswith("norm.weight"):
             t.fill_(1.0)
         elif name.endswith(("_scale",)):
@@ -125,8 +128,14 @@ def random_params(cfg: V4Config, device: str = "cpu", dtype: str = "float32", se
             t.normal_(0.0, 0.05, generator=g)
         else:
             t.normal_(0.0, std, generator=g)
-        out[name] = _as_param(t, sp, cfg, dt)
+        out[name] = _to(_as_param(t, sp, cfg, dt), device)
     return out
+
+
+def _to(p, device: str):
+    if isinstance(p, Weight):
+        return Weight(p.format, p.data.to(device), None if p.scale is None else p.scale.to(device), p.shape)
+    return p.to(device)
 
 
 def _as_param(t: torch.Tensor, sp: Spec, cfg: V4Config, dt: torch.dtype):

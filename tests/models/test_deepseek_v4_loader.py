@@ -173,3 +173,17 @@ def test_bad_config_is_explained():
         V4Config.from_hf({**RELEASED, "model_type": "llama"})
     with pytest.raises(ValueError, match="unknown V4 config"):
         named("huge-v4")
+
+
+@pytest.mark.parametrize("device", ["meta"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_random_weights_do_not_depend_on_the_device(tiny, device):
+    """A seed is one model on every device: the cross-platform checks score a GPU platform against
+    the reference built on the CPU, and a CUDA generator draws other numbers from the same seed."""
+    cfg, cpu = tiny
+    got = random_params(cfg, device=device, seed=11)
+    assert got.keys() == cpu.keys()
+    for name, want in cpu.items():
+        a, b = (want.data, got[name].data) if isinstance(want, Weight) else (want, got[name])
+        assert (b.device.type, b.dtype, b.shape) == (device, a.dtype, a.shape), name
+        if device != "meta":  # meta holds no values: it shows only that nothing is drawn there
+            assert torch.equal(b.cpu(), a), name
