@@ -27,6 +27,20 @@ def bench(fn, ms=200):
     return tt.do_bench(fn, warmup=50, rep=ms, return_mode="median") * 1e-3
 
 
+def graph_bench(fn, reps=10):
+    """Seconds per call of fn replayed from a CUDA graph (reps calls a graph): device time alone."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    return bench(g.replay) / reps
+
+
 def ceilings():
     n = 1 << 30  # 2 GiB of bf16
     a = torch.randn(n, device=DEV, dtype=BF)
@@ -110,6 +124,15 @@ def run(args):
             f = lambda: attention.sparse_attention(q, [cache, cache], [win, sel], d ** -0.5, sinks, [fmt, fmt])  # noqa: E731
             record(f"sparse_attn T64 H16 D512 L640 {fmt}", bench(f), t_ * 640 * rb + 2 * q.numel() * 2,
                    4 * t_ * h * 640 * d)
+            if fmt == "none":  # kernel time alone (CUDA-graph replay: no host launch cost), per chunk size
+                default = attention.SPARSE_SPLIT
+                try:
+                    for split in (default,) + tuple(s for s in (64, 128, 256) if s != default):
+                        attention.SPARSE_SPLIT = split
+                        record(f"sparse_attn T64 H16 D512 L640 {fmt} [graph, split {split}]", graph_bench(f),
+                               t_ * 640 * rb + 2 * q.numel() * 2, 4 * t_ * h * 640 * d)
+                finally:
+                    attention.SPARSE_SPLIT = default
     def _sec3():  # indexer: 64 decode tokens, each over its sequence's 4096 compressed keys
         b, ents, bs, nh, dk = 64, 4096, 64, 32, 128
         for fmt in ("none", "mxfp4"):

@@ -36,6 +36,16 @@ confbi_() {  # batch-invariant mode, where the engine checks are held bitwise; p
       --workload ${WORKLOAD:-tiny-v4} --json "$OUT/conf_bi_engine.json" > "$OUT/conf_bi_engine.txt" 2>&1
   tail -15 "$OUT/conf_bi_engine.txt"
 }
+confcli_() {  # the CLI itself: batch-invariant mode (ops + engine, bitwise engine promise), then default mode
+  timeout ${T_CLIBI:-240} python3 -m shuili conformance run --platform nvidia --batch-invariant --cases ${CASES:-1} \
+      --out "$OUT/conf_cli_bi" > "$OUT/conf_cli_bi.txt" 2>&1; echo "rc=$?" >> "$OUT/conf_cli_bi.txt"
+  grep -E "conformance of|^  (FAIL|ERROR)|rc=" "$OUT/conf_cli_bi.txt" | tail -15
+  stamp conformance-cli-default
+  timeout ${T_CLIDEF:-150} python3 -m shuili conformance run --platform nvidia --engine-level run_to_run \
+      --cases ${CASES:-1} --out "$OUT/conf_cli_default" > "$OUT/conf_cli_default.txt" 2>&1
+  echo "rc=$?" >> "$OUT/conf_cli_default.txt"
+  grep -E "conformance of|^  (FAIL|ERROR)|rc=" "$OUT/conf_cli_default.txt" | tail -15
+}
 e2e_() {
   timeout ${T_E2E:-400} python3 benchmarks/nvidia_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.txt" | tail -40
 }

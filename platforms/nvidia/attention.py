@@ -5,6 +5,8 @@ combine kernel merges in split order. A split is a fixed span of absolute kv pos
 splits a query reads, and the order its blocks are folded in, depend only on the query itself:
 in batch-invariant mode the span is a constant (BI_SPLIT) and prefill and decode take the same path.
 The default mode sizes the span to fill the GPU for decode and skips the combine for prefill.
+Sparse attention's splits are fixed chunks of SPARSE_SPLIT index columns (always, so the op is batch
+invariant); an empty split (l = 0) adds exactly nothing in the combine, so index padding is free.
 
 A query tile is BT consecutive tokens of one sequence times the GP (padded) query heads of one kv
 head, so MQA/GQA heads share each K/V load. Rows that a tile holds for other tokens do not change a
@@ -12,12 +14,14 @@ row's result: a block fully masked for a row leaves (m, l, acc) bit-identical (m
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from shuili.platforms.nvidia.common import cdiv, num_sms, pow2
-from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, load_packed_rows
+from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, e4m3_to_f32, e8m0_to_f32, load_packed_rows
 
 BI_SPLIT = 1024  # kv positions per split in batch-invariant mode
 NEG = tl.constexpr(-1e30)  # finite start of the running max (see the module docstring)
@@ -116,50 +120,17 @@ def _paged_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, qsl_ptr, sink_ptr, o_ptr
 
 
 @triton.jit
-def _sparse_kernel(q_ptr, kv_ptr, idx_ptr, pm_ptr, pl_ptr, pacc_ptr, scale, L, H, NS, ci, s_qt, s_qh,
-                   ROW, s_it, D: tl.constexpr, DP: tl.constexpr, BH: tl.constexpr,
-                   BL: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BH + tl.arange(0, BH)
-    hok = h < H
-    d = tl.arange(0, DP)
-    dok = d < D
-    q = tl.load(q_ptr + t * s_qt + h[:, None] * s_qh + d[None, :], mask=hok[:, None] & dok[None, :],
-                other=0.0)
-    m = tl.full([BH], NEG, tl.float32)
-    l = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, DP], tl.float32)
-    for l0 in range(0, L, BL):
-        li = l0 + tl.arange(0, BL)
-        idx = tl.load(idx_ptr + t * s_it + li, mask=li < L, other=-1)
-        ok = idx >= 0
-        if FMT == 0:
-            kv = tl.load(kv_ptr + idx[:, None].to(tl.int64) * ROW + d[None, :],
-                         mask=ok[:, None] & dok[None, :], other=0.0)
-        else:
-            kv = load_packed_rows(kv_ptr + idx.to(tl.int64) * ROW, ok, d, D, FMT)
-        kv = kv.to(q.dtype)
-        sc = _dot(q, tl.trans(kv), F32) * scale
-        sc = tl.where(ok[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m, tl.max(sc, axis=1))
-        alpha = tl.exp(m - m_new)
-        pr = tl.exp(sc - m_new[:, None])
-        l = l * alpha + tl.sum(pr, axis=1)
-        acc = acc * alpha[:, None] + _dot(pr.to(kv.dtype), kv, F32)
-        m = m_new
-    row = (t * H + h) * NS + ci
-    tl.store(pm_ptr + row, m, mask=hok)
-    tl.store(pl_ptr + row, l, mask=hok)
-    tl.store(pacc_ptr + row[:, None] * D + d[None, :], acc, mask=hok[:, None] & dok[None, :])
-
-
-@triton.jit
 def _combine_kernel(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, o_ptr, H, NS, s_ot, s_oh, D: tl.constexpr,
-                    DP: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, HAS_SINK: tl.constexpr):
+                    BD: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, HAS_SINK: tl.constexpr):
+    """Grid (T, head blocks, D blocks). Folds partials 0 .. NS-1 in order. An empty partial (l = 0,
+    m = NEG) adds exactly nothing: its acc is not read (it may be unwritten) and acc keeps its bits
+    (even a -0.0), so trailing empty splits/chunks (index padding) never change a result. D blocks
+    repeat the same per-row scalar work, so every output element's bits are those of one program
+    over all of D."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     hok = h < H
-    d = tl.arange(0, DP)
+    d = tl.program_id(2) * BD + tl.arange(0, BD)
     dok = d < D
     sp = tl.arange(0, BS)
     rows = (t * H + h) * NS
@@ -171,13 +142,15 @@ def _combine_kernel(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, o_ptr, H, NS, s_ot, s_oh
         sink = tl.load(sink_ptr + h, mask=hok, other=0.0)
         top = tl.maximum(top, sink)
     den = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, DP], tl.float32)
+    acc = tl.zeros([BH, BD], tl.float32)
     for s in range(0, NS):
+        lv = tl.load(pl_ptr + rows + s, mask=hok, other=0.0)
+        live = lv > 0
         w = tl.exp(tl.load(pm_ptr + rows + s, mask=hok, other=NEG) - top)
-        den = den + tl.load(pl_ptr + rows + s, mask=hok, other=0.0) * w
-        a = tl.load(pacc_ptr + (rows + s)[:, None] * D + d[None, :], mask=hok[:, None] & dok[None, :],
-                    other=0.0)
-        acc = acc + a * w[:, None]
+        den = den + lv * w
+        a = tl.load(pacc_ptr + (rows + s)[:, None] * D + d[None, :],
+                    mask=(hok & live)[:, None] & dok[None, :], other=0.0)
+        acc = tl.where(live[:, None], acc + a * w[:, None], acc)
     if HAS_SINK:
         den = den + tl.exp(sink - top)
     den2 = tl.where(den > 0, den, 1.0)
@@ -190,9 +163,10 @@ def _combine(pm, pl, pacc, sinks, out):
     t, h, ns = pm.shape
     d = out.shape[-1]
     bh = min(pow2(h), 8)
-    _combine_kernel[(t, cdiv(h, bh))](pm, pl, pacc, sinks if sinks is not None else pm, out, h, ns,
-                                      out.stride(0), out.stride(1), D=d, DP=pow2(d, 16), BH=bh,
-                                      BS=pow2(ns), HAS_SINK=sinks is not None)
+    bd = min(pow2(d, 16), 128)  # D blocks: 4x the programs at D = 512 (decode grids are small)
+    _combine_kernel[(t, cdiv(h, bh), cdiv(d, bd))](
+        pm, pl, pacc, sinks if sinks is not None else pm, out, h, ns, out.stride(0), out.stride(1),
+        D=d, BD=bd, BH=bh, BS=pow2(ns), HAS_SINK=sinks is not None)
     return out
 
 
@@ -248,6 +222,162 @@ def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
     return out
 
 
+# ------------------------------------------------------------------------------ sparse attention
+# Every (token, head block) splits each cache's index columns into fixed chunks of SPARSE_SPLIT
+# columns; one program per chunk writes its own partial (m, l, acc) and the combine folds all
+# partials in one fixed order: cache 0 chunk 0, chunk 1, ..., cache 1 chunk 0, ... The chunk size
+# is a constant (never derived from T or the batch), so a token's partials, and the order they are
+# folded in, depend only on its own index rows. SHUILI_SPARSE_SPLIT overrides it (benchmark sweeps;
+# a power of two, at least the column block BL below).
+SPARSE_SPLIT = int(os.environ.get("SHUILI_SPARSE_SPLIT", "128"))
+_SPARSE_CACHES = 3  # caches folded into one launch (DeepSeek-V4 layers use 2: window + compressed)
+
+
+def _sparse_tiles(d: int, h: int, packed: bool):
+    """(BH heads, BL columns per step, num_warps, num_stages, TR) of the sparse kernel: the one place
+    its launch constants live. They depend on the model's shapes and formats only, never on T.
+
+    BH: tl.dot's smallest M is 16, which covers V4's 16 heads per GPU (each gathered row is read once
+    per head block); small D affords 32. Measured on one H200 (CUDA-graph replay, T64 H16 D512,
+    128 window + 512 selected rows, 2 caches, SPARSE_SPLIT 128; the old kernel: 92 us bf16, 228 us
+    mxfp8):
+    - bf16 rows: BL 32, 4 warps, 2 stages, q [BH, D] as the A operand: 29.5 us (134 registers, no
+      spills, 2 programs an SM by shared memory). 8 warps 35 us, BL 16 31-63 us, BL 64 32 us,
+      3 stages 34 us; TR 32 us.
+    - packed rows (dequantized in registers, [BL, D] fp32 before the cast): the register-heavy
+      case. TR (the transposed products k q^T, then acc^T = K^T p^T; q^T sits in the B operand)
+      with BL 16, 4 warps, 2 stages: 65 us mxfp8 (197 registers, no spills); the same without TR
+      85 us (254 registers), BL 32 71-76 us (spills), 8 warps 82-105 us. The fp4 formats take
+      this tile too (not timed against the old kernel).
+    SPARSE_SPLIT on the bf16 case: 64 -> 34 us, 128 -> 29.5 us, 256 -> 28.5 us; 128 keeps 5
+    programs a token there (64 x 5 = 320 for 132 SMs) where 256 gives 3, for smaller T.
+    """
+    bh = min(pow2(h, 16), 16 if d > 128 else 32)
+    if packed:
+        return bh, 16, 4, 2, True
+    return bh, 32, 4, 2, False
+
+
+@triton.jit
+def _mxfp8_rows(base, ok, D: tl.constexpr, DP: tl.constexpr, BL: tl.constexpr):
+    """quant.load_packed_rows for whole mxfp8 rows [BL, DP] (float32; rows not ok and columns >= D
+    read as 0): the codes by contiguous loads and each group's e8m0 scale loaded once and broadcast
+    over its 32 elements, where load_packed_rows gathers a scale byte per element (with it the
+    packed tile of _sparse_tiles took 115 us, not 65). The same exact decode operations, so
+    bit-identical values. (The fp4 formats keep load_packed_rows: unpacking their nibbles with
+    tl.join + reshape measured 454 us on that case.)"""
+    NG: tl.constexpr = DP // 32
+    gi = tl.arange(0, NG)
+    dd = tl.arange(0, DP)
+    c = tl.load(base[:, None] + dd[None, :], mask=ok[:, None] & (dd[None, :] < D), other=0)
+    s = tl.load(base[:, None] + D + gi[None, :], mask=ok[:, None] & (gi[None, :] < D // 32), other=127)
+    v = tl.reshape(e4m3_to_f32(c), [BL, NG, 32]) * e8m0_to_f32(s)[:, :, None]
+    return tl.where(ok[:, None], tl.reshape(v, [BL, DP]), 0.0)
+
+
+@triton.jit
+def _sparse_chunk(q, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.constexpr, BH: tl.constexpr,
+                  DP: tl.constexpr, D: tl.constexpr, BL: tl.constexpr, SPLIT: tl.constexpr,
+                  FMT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr):
+    """Partial (m, l, acc) of columns c*SPLIT .. c*SPLIT+SPLIT-1 of token t's index row (idx rows
+    are contiguous, L apart). The steps stop after the chunk's last valid (>= 0) column, so
+    trailing -1 columns (padding) cost nothing and a chunk of only -1 takes no step (m = NEG,
+    l = 0). With TR, q is q^T [DP, BH] and the returned acc is acc^T [DP, BH]."""
+    irow = idx_ptr + t * L
+    c0 = c * SPLIT
+    col = tl.arange(0, SPLIT)
+    ids = tl.load(irow + c0 + col, mask=c0 + col < L, other=-1)
+    nblk = (tl.max(tl.where(ids >= 0, col, -1), axis=0) + BL) // BL
+    m = tl.full([BH], NEG, tl.float32)
+    l = tl.zeros([BH], tl.float32)
+    if TR:
+        acc = tl.zeros([DP, BH], tl.float32)
+    else:
+        acc = tl.zeros([BH, DP], tl.float32)
+    for b in range(0, nblk):
+        li = c0 + b * BL + tl.arange(0, BL)
+        idx = tl.load(irow + li, mask=li < L, other=-1)
+        ok = idx >= 0
+        if FMT == 0:
+            kv = tl.load(kv_ptr + idx[:, None].to(tl.int64) * ROW + d[None, :],
+                         mask=ok[:, None] & dok[None, :], other=0.0)
+        elif FMT == 1:
+            kv = _mxfp8_rows(kv_ptr + idx.to(tl.int64) * ROW, ok, D, DP, BL)
+        else:
+            kv = load_packed_rows(kv_ptr + idx.to(tl.int64) * ROW, ok, d, D, FMT)
+        kv = kv.to(q.dtype)
+        if TR:
+            sc = _dot(kv, q, F32) * scale  # [BL, BH]
+            sc = tl.where(ok[:, None], sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, axis=0))
+            alpha = tl.exp(m - m_new)
+            pr = tl.exp(sc - m_new[None, :])
+            l = l * alpha + tl.sum(pr, axis=0)
+            acc = acc * alpha[None, :] + _dot(tl.trans(kv), pr.to(kv.dtype), F32)
+        else:
+            sc = _dot(q, tl.trans(kv), F32) * scale  # [BH, BL]
+            sc = tl.where(ok[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, axis=1))
+            alpha = tl.exp(m - m_new)
+            pr = tl.exp(sc - m_new[:, None])
+            l = l * alpha + tl.sum(pr, axis=1)
+            acc = acc * alpha[:, None] + _dot(pr.to(kv.dtype), kv, F32)
+        m = m_new
+    return m, l, acc
+
+
+@triton.jit
+def _sparse_kernel(q_ptr, pm_ptr, pl_ptr, pacc_ptr, scale, H, NS, P0, s_qt, s_qh,
+                   kv0, ix0, L0, E0, kv1, ix1, L1, E1, kv2, ix2, L2,
+                   NC: tl.constexpr, F0: tl.constexpr, F1: tl.constexpr, F2: tl.constexpr,
+                   R0: tl.constexpr, R1: tl.constexpr, R2: tl.constexpr,
+                   D: tl.constexpr, DP: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr,
+                   SPLIT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr):
+    """Grid (T, head blocks, chunks of this launch's NC caches); chunk z is cache 0's chunk z while
+    z < E0, then cache 1's chunk z - E0 while z < E1, then cache 2's; it writes partial P0 + z."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    z = tl.program_id(2)
+    hok = h < H
+    d = tl.arange(0, DP)
+    dok = d < D
+    if TR:
+        q = tl.load(q_ptr + t * s_qt + h[None, :] * s_qh + d[:, None],
+                    mask=hok[None, :] & dok[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptr + t * s_qt + h[:, None] * s_qh + d[None, :],
+                    mask=hok[:, None] & dok[None, :], other=0.0)
+    if NC == 1:
+        m, l, acc = _sparse_chunk(q, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D, BL, SPLIT,
+                                  F0, F32, TR)
+    elif NC == 2:
+        if z < E0:
+            m, l, acc = _sparse_chunk(q, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D, BL,
+                                      SPLIT, F0, F32, TR)
+        else:
+            m, l, acc = _sparse_chunk(q, kv1, ix1, t, z - E0, L1, scale, d, dok, R1, BH, DP, D, BL,
+                                      SPLIT, F1, F32, TR)
+    else:
+        if z < E0:
+            m, l, acc = _sparse_chunk(q, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D, BL,
+                                      SPLIT, F0, F32, TR)
+        elif z < E1:
+            m, l, acc = _sparse_chunk(q, kv1, ix1, t, z - E0, L1, scale, d, dok, R1, BH, DP, D, BL,
+                                      SPLIT, F1, F32, TR)
+        else:
+            m, l, acc = _sparse_chunk(q, kv2, ix2, t, z - E1, L2, scale, d, dok, R2, BH, DP, D, BL,
+                                      SPLIT, F2, F32, TR)
+    row = (t * H + h) * NS + P0 + z
+    tl.store(pm_ptr + row, m, mask=hok)
+    tl.store(pl_ptr + row, l, mask=hok)
+    # a row with l = 0 (an empty chunk) leaves acc unwritten: the combine reads acc only where l > 0
+    live = hok & (l > 0)
+    if TR:
+        tl.store(pacc_ptr + row[None, :] * D + d[:, None], acc, mask=live[None, :] & dok[:, None])
+    else:
+        tl.store(pacc_ptr + row[:, None] * D + d[None, :], acc, mask=live[:, None] & dok[None, :])
+
+
 def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None):
     t, h, d = q.shape
     kv = list(kv)
@@ -259,25 +389,38 @@ def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None):
     out = torch.empty_like(q)
     if t == 0:
         return out
-    nc = len(kv)
-    pm, pl, pacc = _partials(t, h, nc, d, q.device)
-    q = q.contiguous()
-    bh = min(pow2(h, 16), 16 if d > 128 else 32)
+    split = SPARSE_SPLIT
+    bh, bl, warps, stages, tr = _sparse_tiles(d, h, any(f != "none" for f in fmts))
+    if split != pow2(split) or split < bl:
+        raise ValueError(f"SPARSE_SPLIT must be a power of two >= {bl}, got {split}")
+    caches = []
     for ci, (cache, idx, fmt) in enumerate(zip(kv, indices, fmts)):
-        if fmt == "none":
-            rows = cache.reshape(-1, d)
-            row = d
-        else:
-            rb = bytes_per_row(fmt, d)
-            rows = cache.reshape(-1, rb)
-            row = rb
+        row = d if fmt == "none" else bytes_per_row(fmt, d)
+        if idx.dim() != 2 or idx.shape[0] != t:
+            raise ValueError(f"sparse_attention: indices[{ci}] has shape {tuple(idx.shape)}, "
+                             f"expected [{t}, L]")
         idx = idx.to(torch.int32).contiguous()
-        if idx.shape[0] != t:
-            raise ValueError(f"sparse_attention: indices[{ci}] has {idx.shape[0]} rows, q has {t}")
-        ln = idx.shape[1]
-        _sparse_kernel[(t, cdiv(h, bh))](
-            q, rows.contiguous(), idx, pm, pl, pacc, float(scale), ln, h, nc, ci, q.stride(0),
-            q.stride(1), row, idx.stride(0), D=d, DP=pow2(d, 16), BH=bh,
-            BL=32 if d <= 128 else 16, FMT=FORMAT_ID[fmt], F32=q.dtype == torch.float32,
-            num_warps=4 if d <= 128 else 8)
+        caches.append((cache.reshape(-1, row).contiguous(), idx, idx.shape[1],
+                       cdiv(idx.shape[1], split), FORMAT_ID[fmt], row))
+    ns = sum(c[3] for c in caches)
+    pm, pl, pacc = _partials(t, h, ns, d, q.device)
+    q = q.contiguous()
+    p0 = 0
+    for g0 in range(0, len(caches), _SPARSE_CACHES):
+        grp = caches[g0:g0 + _SPARSE_CACHES]
+        nz = sum(c[3] for c in grp)
+        if nz == 0:
+            continue
+        pad = grp + [grp[0]] * (_SPARSE_CACHES - len(grp))  # unused slots (never reached)
+        end = 0
+        args = []
+        for i, (rows, idx, ln, nch, _, _) in enumerate(pad):
+            end += nch if i < len(grp) else 0
+            args += [rows, idx, ln] + ([end] if i < _SPARSE_CACHES - 1 else [])
+        _sparse_kernel[(t, cdiv(h, bh), nz)](
+            q, pm, pl, pacc, float(scale), h, ns, p0, q.stride(0), q.stride(1), *args,
+            NC=len(grp), F0=pad[0][4], F1=pad[1][4], F2=pad[2][4], R0=pad[0][5], R1=pad[1][5],
+            R2=pad[2][5], D=d, DP=pow2(d, 16), BH=bh, BL=bl, SPLIT=split,
+            F32=q.dtype == torch.float32, TR=tr, num_warps=warps, num_stages=stages)
+        p0 += nz
     return _combine(pm, pl, pacc, sinks.float().contiguous() if sinks is not None else None, out)

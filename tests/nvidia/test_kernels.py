@@ -106,6 +106,24 @@ def test_linear_batch_invariant(device, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_batch_invariant_split_k(device, fmt, dtype, monkeypatch):
+    # small thresholds so K=320 is cut into 64-wide chunks (5 splits) at these small shapes
+    monkeypatch.setattr(gemm, "BI_MIN_KC", 64)
+    monkeypatch.setattr(gemm, "BI_MIN_PROGRAMS", 64)
+    assert gemm.bi_split(40, 320) == (5, 64) and gemm.bi_split(64 * 64, 320) == (1, 320)
+    w = weight(fmt, (40, 320), seed=15)
+    x, bias = rnd(37, 320, seed=16).to(dtype), rnd(40, seed=17).to(dtype)
+    want = REF["linear"](x.float(), on(w, "cpu", torch.float32), bias.float())
+    wd = on(w, device, dtype)
+    full = gemm.linear(x.to(device), wd, bias.to(device), batch_invariant=True)
+    assert full.dtype == dtype and rel(full, want) < TOL[dtype]
+    for i in (0, 20, 36):
+        one = gemm.linear(x[i:i + 1].to(device), wd, bias.to(device), batch_invariant=True)
+        assert torch.equal(one, full[i:i + 1])
+
+
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
 @pytest.mark.parametrize("bi", [False, True])
 def test_grouped_and_moe(device, fmt, bi):
     sizes = torch.tensor([3, 0, 17, 1, 9])
@@ -125,6 +143,23 @@ def test_grouped_and_moe(device, fmt, bi):
                            on(w13, device, torch.float32), on(w2, device, torch.float32), 7.0,
                            batch_invariant=bi)
     assert rel(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
+def test_grouped_batch_invariant_split_k(device, fmt, monkeypatch):
+    monkeypatch.setattr(gemm, "BI_MIN_KC", 64)
+    monkeypatch.setattr(gemm, "BI_MIN_PROGRAMS", 64)
+    assert gemm.bi_split(64, 256, 5) == (4, 64)
+    sizes = torch.tensor([3, 0, 17, 1, 9])
+    w = weight(fmt, (5, 64, 256), seed=18)
+    x = rnd(int(sizes.sum()), 256, seed=19)
+    wd = on(w, device, torch.float32)
+    got = gemm.grouped_linear(x.to(device), wd, sizes.to(device), batch_invariant=True)
+    assert rel(got, REF["grouped_linear"](x, w, sizes)) < TOL[torch.float32]
+    # group 2's rows alone give the same bits as inside the full batch
+    alone = gemm.grouped_linear(x[3:20].to(device), wd, torch.tensor([0, 0, 17, 0, 0]).to(device),
+                                batch_invariant=True)
+    assert torch.equal(alone, got[3:20])
 
 
 # ----------------------------------------------------------------------------------- attention
@@ -204,6 +239,96 @@ def test_sparse_attention(device, fmts, sinks):
     want = REF["sparse_attention"](q, kv, idx, d ** -0.5, s, list(fmts))
     got = attention.sparse_attention(q.to(device), [c.to(device) for c in kv], [i.to(device) for i in idx],
                                      d ** -0.5, None if s is None else s.to(device), list(fmts))
+    assert rel(got, want) < 1e-5
+
+
+def bits(x):
+    return x.contiguous().view(torch.uint8)
+
+
+def sparse_case(t, h, d, fmts, widths, seed=0, hole=0.3, slots=96):
+    """Caches of `slots` rows per format and [t, widths[i]] index tensors with ~hole -1s."""
+    kv, idx = [], []
+    for i, (f, w) in enumerate(zip(fmts, widths)):
+        rows = rnd(slots, d, seed=seed + 40 + i)
+        kv.append(rows.view(-1, 16, d) if f == "none"
+                  else REF["kv_quantize"](rows, f).view(slots // 16, 16, -1))
+        ind = torch.randint(0, slots, (t, w), generator=g(seed + i)).to(torch.int32)
+        ind[torch.rand(t, w, generator=g(seed + i + 9)) < hole] = -1
+        idx.append(ind)
+    return rnd(t, h, d, seed=seed + 50), kv, idx, rnd(h, seed=seed + 51)
+
+
+def sparse_run(device, q, kv, idx, sinks, fmts, dtype=torch.float32):
+    """Runs the nvidia op (q and unpacked caches in dtype), returns the output on the CPU."""
+    kv = [c if f != "none" else c.to(dtype) for c, f in zip(kv, fmts)]
+    return attention.sparse_attention(q.to(device, dtype), [c.to(device) for c in kv],
+                                      [i.to(device) for i in idx], q.shape[-1] ** -0.5,
+                                      None if sinks is None else sinks.to(device), list(fmts)).cpu()
+
+
+SMALL_SPLIT = 32  # the sparse kernel's column chunk in these tests: small L crosses chunk boundaries
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmts", [("none", "none"), ("none", "mxfp8")])  # unpacked / packed tiles
+def test_sparse_attention_padding_invariant(device, monkeypatch, fmts, dtype):
+    """Extra trailing -1 columns (batch-wide padding, CUDA-graph padding) leave every bit unchanged,
+    also where they add whole empty chunks between two caches' chunks."""
+    monkeypatch.setattr(attention, "SPARSE_SPLIT", SMALL_SPLIT)
+    q, kv, idx, s = sparse_case(5, 4, 64, fmts, (45, 70), seed=1)
+    idx[0][2, 40:] = -1  # a row whose last valid column sits mid-chunk
+    base = sparse_run(device, q, kv, idx, s, fmts, dtype)
+    for extra in (0, 37, 300):
+        for which in (0, 1):
+            pad = [torch.cat([i, torch.full((i.shape[0], extra), -1, dtype=torch.int32)], 1)
+                   if c == which else i for c, i in enumerate(idx)]
+            got = sparse_run(device, q, kv, pad, s, fmts, dtype)
+            assert torch.equal(bits(got), bits(base)), (extra, which)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmts", [("none", "none"), ("none", "fp4_e4m3")])
+def test_sparse_attention_batch_invariant(device, monkeypatch, fmts, dtype):
+    """A token's output alone equals its row of a 7-token batch, bit for bit."""
+    monkeypatch.setattr(attention, "SPARSE_SPLIT", SMALL_SPLIT)
+    q, kv, idx, s = sparse_case(7, 4, 64, fmts, (40, 90), seed=2)
+    full = sparse_run(device, q, kv, idx, s, fmts, dtype)
+    for i in range(7):
+        one = sparse_run(device, q[i:i + 1], kv, [x[i:i + 1] for x in idx], s, fmts, dtype)
+        assert torch.equal(bits(one), bits(full[i:i + 1])), i
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("fmts", [("none", "none", "none"), ("none", "mxfp8", "none", "mxfp4")])
+def test_sparse_attention_chunks_with_holes(device, monkeypatch, sinks, fmts):
+    """L spans several chunks with -1 holes and whole -1 chunks in the middle; 3 caches (one
+    launch) and 4 (two launches), unpacked and packed tiles; against the reference."""
+    monkeypatch.setattr(attention, "SPARSE_SPLIT", SMALL_SPLIT)
+    q, kv, idx, s = sparse_case(6, 8, 64, fmts, (100, 75, 33, 64)[:len(fmts)], seed=3)
+    idx[0][:, 32:64] = -1  # a whole empty chunk between valid ones
+    idx[0][1, :90] = -1  # only the last chunk valid
+    idx[1][2] = -1  # one cache empty for one row
+    idx[2][:, 5:30] = -1
+    want = REF["sparse_attention"](q, kv, idx, 64 ** -0.5, s if sinks else None, list(fmts))
+    got = sparse_run(device, q, kv, idx, s if sinks else None, fmts)
+    assert rel(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("fmts", [("none", "none"), ("none", "mxfp4")])
+def test_sparse_attention_empty_rows(device, monkeypatch, sinks, fmts):
+    """Rows with no valid entry in any cache (several all -1 chunks): zeros, with or without sinks,
+    as the reference."""
+    monkeypatch.setattr(attention, "SPARSE_SPLIT", SMALL_SPLIT)
+    q, kv, idx, s = sparse_case(4, 4, 64, fmts, (70, 40), seed=4)
+    for i in idx:
+        i[1] = -1
+        i[3] = -1
+    want = REF["sparse_attention"](q, kv, idx, 64 ** -0.5, s if sinks else None, list(fmts))
+    got = sparse_run(device, q, kv, idx, s if sinks else None, fmts)
+    assert not got[1].any() and not got[3].any()
+    assert torch.isfinite(got).all()
     assert rel(got, want) < 1e-5
 
 
