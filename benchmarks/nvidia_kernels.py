@@ -124,15 +124,17 @@ def run(args):
             f = lambda: attention.sparse_attention(q, [cache, cache], [win, sel], d ** -0.5, sinks, [fmt, fmt])  # noqa: E731
             record(f"sparse_attn T64 H16 D512 L640 {fmt}", bench(f), t_ * 640 * rb + 2 * q.numel() * 2,
                    4 * t_ * h * 640 * d)
-            if fmt == "none":  # kernel time alone (CUDA-graph replay: no host launch cost), per chunk size
-                default = attention.SPARSE_SPLIT
-                try:
-                    for split in (default,) + tuple(s for s in (64, 128, 256) if s != default):
-                        attention.SPARSE_SPLIT = split
-                        record(f"sparse_attn T64 H16 D512 L640 {fmt} [graph, split {split}]", graph_bench(f),
-                               t_ * 640 * rb + 2 * q.numel() * 2, 4 * t_ * h * 640 * d)
-                finally:
-                    attention.SPARSE_SPLIT = default
+            # kernel time alone (CUDA-graph replay: no host launch cost); chunk sizes swept on bf16 rows
+            default = attention.SPARSE_SPLIT
+            sweep = (64, 128, 256) if fmt == "none" else ()
+            try:
+                for split in (default,) + tuple(x for x in sweep if x != default):
+                    attention.SPARSE_SPLIT = split
+                    record(f"sparse_attn T64 H16 D512 L640 {fmt} [graph, split {split}]", graph_bench(f),
+                           t_ * 640 * rb + 2 * q.numel() * 2, 4 * t_ * h * 640 * d)
+            finally:
+                attention.SPARSE_SPLIT = default
+
     def _sec3():  # indexer: 64 decode tokens, each over its sequence's 4096 compressed keys
         b, ents, bs, nh, dk = 64, 4096, 64, 32, 128
         for fmt in ("none", "mxfp4"):

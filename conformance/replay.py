@@ -72,7 +72,8 @@ class Recorder:
 def _engine(workload: Workload, platform: str, budget: int, keep_all: bool, batch_invariant: bool = False):
     from shuili.core.api import LLM
 
-    llm = LLM(model=workload.model, enable_prefix_caching=False,
+    # eager: the recorder wraps Python-level op calls, which a replayed decode graph would bypass
+    llm = LLM(model=workload.model, enable_prefix_caching=False, enforce_eager=True,
               platform=PlatformConfig(platform=platform, batch_invariant=batch_invariant),
               max_num_batched_tokens=budget, max_num_seqs=4, num_blocks=workload.num_blocks)
     kv = llm.engine.kv
