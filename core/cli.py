@@ -56,6 +56,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--overlap", action="store_true", default=None)
+    p.add_argument("--enforce-eager", action="store_true", default=None,
+                   help="never replay decode steps as device graphs")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (results do not depend on it; 1 is fastest for the "
                         "reference platform's small tiled GEMMs on a busy machine)")
@@ -66,7 +68,7 @@ def _config(args):
 
     over = {"platform": args.platform, "model": args.model, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
-            "num_blocks": args.num_blocks, "overlap": args.overlap}
+            "num_blocks": args.num_blocks, "overlap": args.overlap, "enforce_eager": args.enforce_eager}
     if args.config:
         return EngineConfig.from_file(args.config, **over)
     return EngineConfig(**{k: v for k, v in over.items() if v is not None})

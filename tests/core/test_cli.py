@@ -44,3 +44,17 @@ def test_bench_json(capsys):
     assert rc == 0 and res["output_tokens"] == 9 and res["errors"] == 0
     for key in ("ttft_mean_s", "tpot_mean_s", "output_tokens_per_s", "scheduler_us_per_step"):
         assert res[key] > 0
+
+
+def test_enforce_eager_flag_reaches_the_config(tmp_path):
+    import argparse
+
+    from shuili.core.cli import _config
+
+    base = dict(platform="reference", model="tiny-v4", config=None, max_num_seqs=None,
+                max_num_batched_tokens=None, max_model_len=None, num_blocks=None, overlap=None)
+    assert _config(argparse.Namespace(**base, enforce_eager=True)).enforce_eager is True
+    assert _config(argparse.Namespace(**base, enforce_eager=None)).enforce_eager is False
+    cfg = tmp_path / "e.json"
+    cfg.write_text('{"model": "tiny-v4", "enforce_eager": true}')
+    assert _config(argparse.Namespace(**{**base, "config": str(cfg)}, enforce_eager=None)).enforce_eager
