@@ -69,6 +69,11 @@ class Weight:
     def in_features(self) -> int:
         return self.shape[-1]
 
+    def to(self, device) -> "Weight":
+        """The same weight with data and scale on `device`."""
+        scale = None if self.scale is None else self.scale.to(device)
+        return Weight(self.format, self.data.to(device), scale, self.shape)
+
     @classmethod
     def dense(cls, t: torch.Tensor) -> "Weight":
         return cls("dense", t, None, tuple(t.shape))

@@ -128,14 +128,8 @@ def random_params(cfg: V4Config, device: str = "cpu", dtype: str = "float32", se
             t.normal_(0.0, 0.05, generator=g)
         else:
             t.normal_(0.0, std, generator=g)
-        out[name] = _to(_as_param(t, sp, cfg, dt), device)
+        out[name] = _as_param(t, sp, cfg, dt).to(device)
     return out
-
-
-def _to(p, device: str):
-    if isinstance(p, Weight):
-        return Weight(p.format, p.data.to(device), None if p.scale is None else p.scale.to(device), p.shape)
-    return p.to(device)
 
 
 def _as_param(t: torch.Tensor, sp: Spec, cfg: V4Config, dt: torch.dtype):

@@ -26,8 +26,7 @@ def _to(obj: Any, device: torch.device | str) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
     if isinstance(obj, Weight):
-        scale = None if obj.scale is None else obj.scale.to(device)
-        return Weight(obj.format, obj.data.to(device), scale, obj.shape)
+        return obj.to(device)
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to(o, device) for o in obj)
     return obj
