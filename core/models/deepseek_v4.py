@@ -152,6 +152,8 @@ class _Meta:
         if b.static_decode:
             self.tok_seq = torch.arange(len(self.pos), device=dev)
         else:
+            self.ctx = b.context_lens_cpu or b.context_lens.tolist()
+            self.sl = b.seq_lens_cpu or b.seq_lens.tolist()
             qsl = b.query_start_loc_cpu or b.query_start_loc.tolist()
             counts = torch.tensor([qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)], dtype=torch.int64)
             self.tok_seq = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)
@@ -171,7 +173,7 @@ class _Meta:
             if b.static_decode:
                 n = b.block_tables["hca_kv"].shape[1] * (P // r)
             else:
-                n = max([s // r for s in (b.seq_lens_cpu or b.seq_lens.tolist())] + [0])
+                n = max([s // r for s in self.sl] + [0])
             e = torch.arange(n, device=dev)[None].expand(len(self.pos), n)
             idx = token_slots(b.block_tables["hca_kv"], self.tok_seq[:, None].expand_as(e), e, P // r)
             self.hca_idx = torch.where(e < vis[:, None], idx, torch.full_like(idx, -1)).int()
@@ -183,9 +185,7 @@ class _Meta:
             ent = torch.div(nxt, ratio, rounding_mode="floor") - 1
             return self.tok_seq, ent.clamp(min=0), (nxt % ratio == 0) & (ent >= 0)
         seqs, ents = [], []
-        ctx = b.context_lens_cpu or b.context_lens.tolist()
-        sl = b.seq_lens_cpu or b.seq_lens.tolist()
-        for s, (c, n) in enumerate(zip(ctx, sl)):
+        for s, (c, n) in enumerate(zip(self.ctx, self.sl)):
             for e in range(c // ratio, n // ratio):
                 seqs.append(s)
                 ents.append(e)

@@ -156,18 +156,14 @@ def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped):
     m, k = x.shape
     n = w.shape[-2]
     data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
-    split, kc = 1, k
     if grouped:
         te, t0, t1, nt = tiles
         bm, bn, bk = _tiles_for(0, True) if batch_invariant else _tiles_for(m, False)
-        if batch_invariant:
-            split, kc = bi_split(n, k, w.shape[0])
     else:
         bm, bn, bk = _tiles_for(m, batch_invariant)
         te = t0 = t1 = x
         nt = cdiv(m, bm)
-        if batch_invariant:
-            split, kc = bi_split(n, k)
+    split, kc = bi_split(n, k, w.shape[0] if grouped else 1) if batch_invariant else (1, k)
     out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _gemm_kernel[(nt, cdiv(n, bn), split)](
         x, data, scale, bias if bias is not None else x, out, te, t0, t1, m, n, k, kc, x.stride(0),

@@ -1,18 +1,15 @@
-"""CUDA graphs for decode: capture a step function once per batch-size bucket, replay it.
+"""CUDA graphs: capture a step function once for fixed shapes, replay it.
 
 Every op of this platform is capture-safe: no host syncs while capturing (device-side asserts
 replace input checks, grids depend on shapes only, sampling always takes the filtering path).
-A runner copies each step's inputs into the bucket's static buffers and replays; rows beyond the
-live batch are padding whose outputs the caller ignores (pad slot_mapping with -1 so padded rows
-write nothing).
+The engine's buckets, static buffers and padding live in `shuili.core.graphs`; this module only
+records and replays.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
-
-BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 class GraphedStep:
@@ -45,23 +42,8 @@ class Capturer:
     def __init__(self, warmup: int = 2):
         self.warmup = warmup
         self.pool = None
-        self.count = 0
 
     def __call__(self, fn: Callable[[], object]) -> Callable[[], object]:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        step = GraphedStep(lambda: fn(), (), warmup=self.warmup, pool=self.pool)
-        self.count += 1
-
-        def replay():
-            step.graph.replay()
-            return step.outputs
-
-        return replay
-
-
-def bucket(n: int) -> int:
-    for b in BUCKETS:
-        if b >= n:
-            return b
-    raise ValueError(f"batch of {n} exceeds the largest graph bucket {BUCKETS[-1]}; run it eagerly")
+        return GraphedStep(fn, (), warmup=self.warmup, pool=self.pool)  # called with no inputs: replay

@@ -8,12 +8,6 @@ from shuili.hal.types import Weight
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
 
-def test_bucket():
-    assert graphs.bucket(1) == 1 and graphs.bucket(33) == 48
-    with pytest.raises(ValueError):
-        graphs.bucket(10 ** 6)
-
-
 @pytest.mark.parametrize("bi", [False, True])
 def test_decode_step_graph_matches_eager(bi):
     b, h, kvh, d, bs, nblk, v = 8, 8, 2, 64, 16, 8, 1000
