@@ -14,6 +14,7 @@ import torch
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
 from shuili.core.sampler import Sampler, SampleRow
 from shuili.core.scheduler import SchedulerOutput
+from shuili.core.staging import upload
 
 
 def allocate_caches(groups: list[CacheGroupSpec], num_blocks: int, tokens_per_block: int,
@@ -44,6 +45,20 @@ class StepResult:
         return tok, lps, bad, plp
 
 
+@dataclass
+class Step:
+    """One step's device inputs and the host bookkeeping that maps logits rows back to requests."""
+    batch: ForwardBatch
+    sample_rows: list[SampleRow]
+    prompt_rows: list[tuple]  # (request, position, logits row)
+    holes: list[tuple[int, str]]  # (input row, request id) of tokens the in-flight step samples
+    sample_idx: torch.Tensor  # int64 [S]: logits row of each sample row
+    prompt_idx: torch.Tensor  # int64 [len(prompt_rows)]
+    prompt_targets: torch.Tensor  # int64 [len(prompt_rows)]: the next prompt token
+    hole_rows: torch.Tensor  # int64 [len(holes)]
+    hole_src: torch.Tensor  # int64 [len(holes)]: row of prev.sampled that fills it
+
+
 class ModelRunner:
     def __init__(self, model, ops, groups: list[CacheGroupSpec], num_blocks: int,
                  tokens_per_block: int, device: str = "cpu", graphs=None):
@@ -57,8 +72,8 @@ class ModelRunner:
         model.bind_caches(self.caches, tokens_per_block)
         self.sampler = Sampler(ops, model.vocab_size, device)
 
-    def build_batch(self, out: SchedulerOutput):
-        """ForwardBatch plus the bookkeeping of which logits rows are samples / prompt logprobs."""
+    def build_batch(self, out: SchedulerOutput, prev: StepResult | None = None) -> Step:
+        """ForwardBatch plus which logits rows are samples / prompt logprobs; one upload."""
         P = self.P
         ids, positions, qsl, seq_lens, ctx = [], [], [0], [], []
         logits_rows, sample_rows, prompt_rows, holes = [], [], [], []
@@ -89,31 +104,33 @@ class ModelRunner:
                 slot += [blocks[p // P] * P + p % P if blocks[p // P] >= 0 else -1
                          for p in range(c.start, c.end)]
         width = max(max((len(t) for t in tab), default=0) for tab in tables.values()) or 1
-        dev = self.device
-        block_tables = {
-            n: torch.tensor([t + [-1] * (width - len(t)) for t in tab], dtype=torch.int32, device=dev)
-            for n, tab in tables.items()}
+        i64, i32 = torch.int64, torch.int32
+        names, snames = list(tables), list(slots)
+        padded = [[b for t in tables[n] for b in t + [-1] * (width - len(t))] for n in names]
+        sample_idx = [s.logits_row for s in sample_rows]
+        prompt_idx = [i for _, _, i in prompt_rows]
+        targets = [req.prompt_token_ids[p + 1] for req, p, _ in prompt_rows]
+        if holes and (prev is None or prev.sampled is None):
+            raise RuntimeError("a placeholder token has no step in flight to fill it")
+        hole_src = [prev.index[rid] for _, rid in holes]
+        dev = upload([(ids, i64), (positions, i64), (qsl, i32), (seq_lens, i32), (ctx, i32),
+                      (logits_rows, i64), (sample_idx, i64), (prompt_idx, i64), (targets, i64),
+                      ([r for r, _ in holes], i64), (hole_src, i64)]
+                     + [(t, i32) for t in padded] + [(slots[n], i64) for n in snames], self.device)
         batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(ctx, dtype=torch.int32, device=dev),
-            block_tables=block_tables,
-            slot_mapping={n: torch.tensor(s, dtype=torch.int64, device=dev) for n, s in slots.items()},
-            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
-            tokens_per_block=P,
+            input_ids=dev[0], positions=dev[1], query_start_loc=dev[2], seq_lens=dev[3],
+            context_lens=dev[4],
+            block_tables={n: t.view(len(out.chunks), width) for n, t in zip(names, dev[11:])},
+            slot_mapping=dict(zip(snames, dev[11 + len(names):])),
+            logits_indices=dev[5], tokens_per_block=P,
             query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens, context_lens_cpu=ctx)
-        return batch, sample_rows, prompt_rows, holes
+        return Step(batch, sample_rows, prompt_rows, holes, *dev[6:11])
 
     def execute(self, out: SchedulerOutput, prev: StepResult | None = None) -> StepResult:
-        batch, sample_rows, prompt_rows, holes = self.build_batch(out)
-        if holes:
-            if prev is None or prev.sampled is None:
-                raise RuntimeError("a placeholder token has no step in flight to fill it")
-            rows = torch.tensor([r for r, _ in holes], dtype=torch.int64, device=self.device)
-            src = torch.tensor([prev.index[rid] for _, rid in holes], dtype=torch.int64, device=self.device)
-            batch.input_ids[rows] = prev.sampled[src]
+        step = self.build_batch(out, prev)
+        batch, sample_rows, prompt_rows = step.batch, step.sample_rows, step.prompt_rows
+        if step.holes:
+            batch.input_ids[step.hole_rows] = prev.sampled[step.hole_src]
         if batch.logits_indices.numel() == 0:
             self.model.forward(batch)
             return StepResult(sample_rows, None, None, None)
@@ -128,14 +145,10 @@ class ModelRunner:
                                f"{batch.logits_indices.shape[0]} (one per logits_indices entry)")
         res = StepResult(sample_rows, None, None, None, prompt_rows)
         if sample_rows:
-            idx = torch.tensor([s.logits_row for s in sample_rows], dtype=torch.int64, device=self.device)
-            res.sampled, res.logprobs, res.bad = self.sampler(logits[idx], sample_rows, prev,
+            res.sampled, res.logprobs, res.bad = self.sampler(logits[step.sample_idx], sample_rows, prev,
                                                             eos=tuple(self.model.tokenizer.eos_token_ids))
             res.index = {s.req.request_id: i for i, s in enumerate(sample_rows)}
         if prompt_rows:
-            rows = torch.tensor([i for _, _, i in prompt_rows], dtype=torch.int64, device=self.device)
-            lp = self.ops.log_softmax(logits[rows])
-            targets = torch.tensor([req.prompt_token_ids[p + 1] for req, p, _ in prompt_rows],
-                                   dtype=torch.int64, device=self.device)
-            res.prompt_logprobs = lp.gather(1, targets[:, None])[:, 0]
+            lp = self.ops.log_softmax(logits[step.prompt_idx])
+            res.prompt_logprobs = lp.gather(1, step.prompt_targets[:, None])[:, 0]
         return res

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from shuili.core.staging import upload
+
 
 @dataclass
 class SampleRow:
@@ -68,15 +70,12 @@ class Sampler:
             proc = self._mask_min_tokens(proc, rows, eos)
         if any(r.req.params.has_penalties for r in rows):
             proc = self._penalize(proc, rows, prev)
-        dev = self.device
         ps = [r.req.params for r in rows]
-        tokens = self.ops.sample(
-            proc,
-            torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
-            torch.tensor([p.top_k for p in ps], dtype=torch.int32, device=dev),
-            torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev),
-            torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=dev),
-            torch.tensor([r.req.seed for r in rows], dtype=torch.int64, device=dev),
-            torch.tensor([r.position for r in rows], dtype=torch.int64, device=dev))
+        f32 = torch.float32
+        tokens = self.ops.sample(proc, *upload([
+            ([p.temperature for p in ps], f32), ([p.top_k for p in ps], torch.int32),
+            ([p.top_p for p in ps], f32), ([p.min_p for p in ps], f32),
+            ([r.req.seed for r in rows], torch.int64), ([r.position for r in rows], torch.int64)],
+            self.device))
         lps = raw_lp.gather(1, tokens[:, None])[:, 0]
         return tokens, lps, bad

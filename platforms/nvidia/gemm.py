@@ -53,7 +53,7 @@ def _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn,
 @triton.jit
 def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N, K, KC, s_xm, s_ym,
                  s_we, s_wn, s_se, s_sn, FMT: tl.constexpr, GROUPED: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, F32: tl.constexpr, NATIVE_FP8: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, NATIVE_FP8: tl.constexpr,
                  SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -80,10 +80,17 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N
         kok = kk < k_hi
         a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :],
                     mask=rok[:, None] & kok[None, :], other=0.0)
-        w = _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
-        if F32:
+        if HILO:  # float32 rows against bf16-exact weights: a = hi + lo, two bf16 tensor-core dots
+            hi = a.to(tl.bfloat16)
+            lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+            w = _w_tile(hi, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
+            acc += tl.dot(hi, tl.trans(w))
+            acc += tl.dot(lo, tl.trans(w))
+        elif F32:
+            w = _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
             acc += tl.dot(a, tl.trans(w), input_precision="ieee")
         else:
+            w = _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
             acc += tl.dot(a, tl.trans(w))
     if SPLIT > 1:  # fp32 partials [SPLIT, M, N]; _split_sum adds them in split order
         part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
@@ -152,7 +159,7 @@ def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
     return cdiv(k, kc), kc
 
 
-def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped):
+def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped, hilo=False):
     m, k = x.shape
     n = w.shape[-2]
     data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
@@ -168,7 +175,7 @@ def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped):
     _gemm_kernel[(nt, cdiv(n, bn), split)](
         x, data, scale, bias if bias is not None else x, out, te, t0, t1, m, n, k, kc, x.stride(0),
         y.stride(0), s_we, s_wn, s_se, s_sn, FMT=FMT_ID[w.format], GROUPED=grouped,
-        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32, NATIVE_FP8=not interpreting(),
+        HAS_BIAS=bias is not None, F32=x.dtype == torch.float32, HILO=hilo, NATIVE_FP8=not interpreting(),
         SPLIT=split, BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3)
     if split > 1:
         block = 1024
@@ -215,23 +222,33 @@ def group_tiles(group_sizes: torch.Tensor, m: int, bm: int):
 
 
 def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,
-                   batch_invariant: bool = False) -> torch.Tensor:
+                   batch_invariant: bool = False, out_dtype: torch.dtype | None = None,
+                   weight_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Rows of x sorted by group times W[group]^T. out_dtype (default x's) lets MoE keep float32
+    intermediates; float32 x with weight_dtype bf16 runs the hi/lo split (two bf16 dots, about
+    16 mantissa bits of x) instead of float32 FMA."""
     m, k = x.shape
     if len(w.shape) != 3 or w.shape[-1] != k or group_sizes.numel() != w.shape[0]:
         raise ValueError(f"grouped_linear: x {tuple(x.shape)}, weight {w.shape}, "
                          f"{group_sizes.numel()} groups do not fit (W is [E, N, K], one size per E)")
     check(group_sizes.sum() == m, f"grouped_linear: group_sizes must sum to M={m}")
-    y = torch.empty(m, w.shape[-2], dtype=x.dtype, device=x.device)
+    y = torch.empty(m, w.shape[-2], dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or y.shape[1] == 0:
         return y
-    if w.format == "dense" and w.data.dtype != x.dtype:
-        w = Weight("dense", w.data.to(x.dtype), None, w.shape)
+    hilo = x.dtype == torch.float32 and weight_dtype == torch.bfloat16
+    wdt = torch.bfloat16 if hilo else x.dtype
+    if w.format == "dense" and w.data.dtype != wdt:
+        w = Weight("dense", w.data.to(wdt), None, w.shape)
     bm = (BI_TILE if batch_invariant else _tiles_for(m, False))[0]
-    return _launch(x.contiguous(), w, None, y, group_tiles(group_sizes, m, bm), batch_invariant, True)
+    return _launch(x.contiguous(), w, None, y, group_tiles(group_sizes, m, bm), batch_invariant, True,
+                   hilo)
 
 
 def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit=None, *,
                 batch_invariant: bool = False):
+    """The contract keeps g, u, the SwiGLU product and each expert's output in float32: GEMM1
+    accumulates bf16 x against bf16-exact weights into float32, GEMM2 feeds the float32 product
+    through the hi/lo split. Rounding any of them to bf16 put bf16 mxfp4 cases outside tolerance."""
     t, k = topk_ids.shape
     e = w13.shape[0]
     flat = topk_ids.reshape(-1).to(torch.int64)
@@ -239,17 +256,17 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     order = torch.argsort(flat, stable=True)
     sizes = torch.zeros(e, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
     xs = x[order // k]
-    h = grouped_linear(xs, w13, sizes, batch_invariant=batch_invariant)
+    h = grouped_linear(xs, w13, sizes, batch_invariant=batch_invariant, out_dtype=torch.float32)
     inter = h.shape[1] // 2
-    g, u = h[:, :inter].float(), h[:, inter:].float()
+    g, u = h[:, :inter], h[:, inter:]
     if swiglu_limit is not None:
         g = g.clamp(max=swiglu_limit)
         u = u.clamp(-swiglu_limit, swiglu_limit)
-    a = (torch.nn.functional.silu(g) * u).to(x.dtype)
-    y = grouped_linear(a, w2, sizes, batch_invariant=batch_invariant)
+    a = torch.nn.functional.silu(g) * u
+    y = grouped_linear(a, w2, sizes, batch_invariant=batch_invariant, weight_dtype=x.dtype)
     ys = torch.empty_like(y)
     ys[order] = y
-    ys = ys.view(t, k, -1).float()
+    ys = ys.view(t, k, -1)
     wts = topk_weights.float()
     out = wts[:, 0, None] * ys[:, 0]
     for j in range(1, k):

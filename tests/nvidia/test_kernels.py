@@ -145,6 +145,29 @@ def test_grouped_and_moe(device, fmt, bi):
     assert rel(got, want) < 1e-4
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 needs the GPU (the interpreter's bf16 is wrong)")
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("bi", [False, True])
+def test_moe_bf16_keeps_float32_intermediates(fmt, bi):
+    """The contract keeps g, u, silu(g) * u and expert outputs in float32, so with bf16 inputs the
+    only rounding left is the final one: every element within one bf16 ulp of the reference fed
+    the same bf16 inputs. Rounding the SwiGLU product to bf16 alone breaks this (the conformance
+    case that found it: bf16, mxfp4, T=3 E=7 k=1 D=I=96)."""
+    t, e, k, d, inter = 40, 7, 2, 96, 96
+    ids = torch.stack([torch.randperm(e, generator=g(100 + i))[:k] for i in range(t)])
+    wts = torch.softmax(rnd(t, k, seed=20), -1)
+    w13, w2 = weight(fmt, (e, 2 * inter, d), seed=21), weight(fmt, (e, d, inter), seed=22)
+    if fmt == "dense":
+        w13, w2 = (Weight.dense(w.data.bfloat16().float()) for w in (w13, w2))
+    x = rnd(t, d, seed=23).bfloat16()
+    want = REF["moe_experts"](x.float(), ids, wts, w13, w2, 7.0)
+    got = gemm.moe_experts(x.cuda(), ids.cuda(), wts.cuda(), on(w13, "cuda", torch.bfloat16),
+                           on(w2, "cuda", torch.bfloat16), 7.0, batch_invariant=bi).float().cpu()
+    ulp = torch.pow(2.0, torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - 7)
+    bad = (got - want).abs() > ulp
+    assert not bad.any(), f"{int(bad.sum())}/{bad.numel()} beyond one bf16 ulp, max {(got - want).abs().max()}"
+
+
 @pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
 def test_grouped_batch_invariant_split_k(device, fmt, monkeypatch):
     monkeypatch.setattr(gemm, "BI_MIN_KC", 64)
