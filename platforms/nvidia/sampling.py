@@ -28,10 +28,11 @@ def _log_softmax_kernel(x_ptr, y_ptr, V, s_x, BLOCK: tl.constexpr):
     for v0 in range(0, V, BLOCK):
         x = tl.load(x_ptr + row * s_x + v0 + c, mask=v0 + c < V, other=float("-inf")).to(tl.float32)
         acc += tl.exp(x - m)
-    lse = m + tl.log(tl.sum(acc, axis=0))
+    # (x - m) - log(s), never x - (m + log s): with |m| in the thousands m + log s keeps few bits of log s
+    ls = tl.log(tl.sum(acc, axis=0))
     for v0 in range(0, V, BLOCK):
         x = tl.load(x_ptr + row * s_x + v0 + c, mask=v0 + c < V, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * V + v0 + c, x - lse, mask=v0 + c < V)
+        tl.store(y_ptr + row * V + v0 + c, (x - m) - ls, mask=v0 + c < V)
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:

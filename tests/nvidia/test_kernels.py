@@ -149,10 +149,12 @@ def test_grouped_and_moe(device, fmt, bi):
 @pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
 @pytest.mark.parametrize("bi", [False, True])
 def test_moe_bf16_keeps_float32_intermediates(fmt, bi):
-    """The contract keeps g, u, silu(g) * u and expert outputs in float32, so with bf16 inputs the
-    only rounding left is the final one: every element within one bf16 ulp of the reference fed
-    the same bf16 inputs. Rounding the SwiGLU product to bf16 alone breaks this (the conformance
-    case that found it: bf16, mxfp4, T=3 E=7 k=1 D=I=96)."""
+    """The contract keeps g, u, silu(g) * u and expert outputs in float32. With bf16 inputs the GPU
+    may differ from the reference fed the same inputs by the final rounding (one bf16 ulp) plus the
+    hi/lo split of the SwiGLU product (16 of its 24 bits: 2^-16 of sum_j w_j |a_j| |W2|). Rounding
+    that product to bf16 (2^-9 of the same sum) fails by far: the conformance case that found it
+    was bf16, mxfp4, T=3 E=7 k=1 D=I=96."""
+    from shuili.platforms.reference.gemm import weight_f32
     t, e, k, d, inter = 40, 7, 2, 96, 96
     ids = torch.stack([torch.randperm(e, generator=g(100 + i))[:k] for i in range(t)])
     wts = torch.softmax(rnd(t, k, seed=20), -1)
@@ -163,9 +165,12 @@ def test_moe_bf16_keeps_float32_intermediates(fmt, bi):
     want = REF["moe_experts"](x.float(), ids, wts, w13, w2, 7.0)
     got = gemm.moe_experts(x.cuda(), ids.cuda(), wts.cuda(), on(w13, "cuda", torch.bfloat16),
                            on(w2, "cuda", torch.bfloat16), 7.0, batch_invariant=bi).float().cpu()
+    h = torch.einsum("td,tjnd->tjn", x.float(), weight_f32(w13)[ids])
+    a = torch.nn.functional.silu(h[..., :inter].clamp(max=7.0)) * h[..., inter:].clamp(-7.0, 7.0)
+    mag = torch.einsum("tj,tji,tjdi->td", wts, a.abs(), weight_f32(w2)[ids].abs())
     ulp = torch.pow(2.0, torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - 7)
-    bad = (got - want).abs() > ulp
-    assert not bad.any(), f"{int(bad.sum())}/{bad.numel()} beyond one bf16 ulp, max {(got - want).abs().max()}"
+    bad = (got - want).abs() > ulp + 2.0 ** -15 * mag
+    assert not bad.any(), f"{int(bad.sum())}/{bad.numel()} beyond the bound, max {(got - want).abs().max()}"
 
 
 @pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
@@ -420,6 +425,10 @@ def test_small_ops(device):
 def test_log_softmax_and_sample(device):
     logits = rnd(6, 5000, seed=90, std=3.0)
     assert rel(sampling.log_softmax(logits.to(device)), REF["log_softmax"](logits)) < 1e-6
+    # logits offset by thousands: x - (m + log s) would lose log s's low bits (a conformance find)
+    big = rnd(2, 4099, seed=89, std=2.0) + 3000.0
+    got, want = sampling.log_softmax(big.to(device)).cpu(), REF["log_softmax"](big)
+    assert ((got - want).abs() <= 1e-5 + 1e-5 * want.abs()).all()
     b, v = 8, 300
     lg = rnd(b, v, seed=91, std=2.0)
     args = dict(logits=lg, temperature=torch.tensor([0, 0.7, 1.0, 1.3, 0.5, 1.0, 0.9, 0.0]),
