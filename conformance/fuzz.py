@@ -461,8 +461,15 @@ def gen_sample(rng: Rng, **_) -> Case:
           "top_p": torch.where(rng.uniform(b) < 0.5, 1.0, rng.uniform(b, lo=0.1, hi=1.0)),
           "min_p": torch.where(rng.uniform(b) < 0.7, 0.0, rng.uniform(b, lo=0.0, hi=0.3)),
           "seeds": rng.ints(0, 2 ** 62, (b,)), "positions": rng.ints(0, 10000, (b,))}
-    case = Case("sample", 0, kw, (), b, params={"B": b, "V": v})
-    case.split = _rows({k: 0 for k in kw})(case)
+    if rng.coin(0.3):
+        kw["temperature"] = torch.zeros(b)
+    if rng.coin(0.3):
+        kw["top_k"], kw["top_p"], kw["min_p"] = torch.zeros(b, dtype=torch.int32), torch.ones(b), torch.zeros(b)
+    if rng.coin(0.5):  # the host hints, truthful (and still true for any subset of rows)
+        kw["all_greedy"] = bool((kw["temperature"] == 0).all())
+        kw["any_filter"] = bool(((kw["top_k"] > 0) | (kw["top_p"] < 1.0) | (kw["min_p"] > 0.0)).any())
+    case = Case("sample", 0, kw, (), b, params={"B": b, "V": v, "hints": "all_greedy" in kw})
+    case.split = _rows({k: 0 for k, t in kw.items() if isinstance(t, torch.Tensor)})(case)
     return case
 
 

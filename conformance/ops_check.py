@@ -21,7 +21,7 @@ from shuili.conformance import fuzz
 from shuili.conformance.compare import Divergence, compare_outputs
 from shuili.conformance.report import CheckResult
 from shuili.hal import DeterminismLevel, ResolvedPlatform
-from shuili.hal.ops import OP_NAMES
+from shuili.hal.ops import OP_NAMES, OP_SPECS, accepts
 from shuili.hal.types import Weight
 
 L = DeterminismLevel
@@ -72,6 +72,11 @@ def outputs(op: str, kwargs: dict, ret: Any) -> list[torch.Tensor]:
 def call(fn: Callable, op: str, kwargs: dict, act: tuple[str, ...], device: str,
          dtype: torch.dtype) -> list[torch.Tensor]:
     args = place(kwargs, act, device, dtype)
+    # optional contract hints go only to an implementation that names them (HAL 1.2)
+    hints = [p for p, q in OP_SPECS[op].signature.parameters.items() if q.kind is q.KEYWORD_ONLY]
+    for name in hints:
+        if name in args and not accepts(fn, name):
+            del args[name]
     return outputs(op, args, fn(**args))
 
 

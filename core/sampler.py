@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.staging import upload
+from shuili.hal.ops import accepts
 
 
 @dataclass
@@ -27,6 +28,13 @@ class Sampler:
         self.ops = ops
         self.V = vocab_size
         self.device = device
+        self._hint_fn, self._hint_ok = None, False
+
+    def _takes_hints(self) -> bool:
+        fn = self.ops.sample  # looked up per call: tests and tools swap the ops object
+        if fn != self._hint_fn:
+            self._hint_fn, self._hint_ok = fn, accepts(fn, "all_greedy") and accepts(fn, "any_filter")
+        return self._hint_ok
 
     def _in_flight_token(self, row: SampleRow, prev) -> torch.Tensor | None:
         # placeholders beyond this row's own sample belong to the previous (in-flight) step
@@ -72,10 +80,14 @@ class Sampler:
             proc = self._penalize(proc, rows, prev)
         ps = [r.req.params for r in rows]
         f32 = torch.float32
+        hints = {}
+        if self._takes_hints():  # known on the host: the op need not read its tensors back (a sync)
+            hints = {"all_greedy": all(p.temperature == 0 for p in ps),
+                     "any_filter": any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in ps)}
         tokens = self.ops.sample(proc, *upload([
             ([p.temperature for p in ps], f32), ([p.top_k for p in ps], torch.int32),
             ([p.top_p for p in ps], f32), ([p.min_p for p in ps], f32),
             ([r.req.seed for r in rows], torch.int64), ([r.position for r in rows], torch.int64)],
-            self.device))
+            self.device), **hints)
         lps = raw_lp.gather(1, tokens[:, None])[:, 0]
         return tokens, lps, bad

@@ -160,6 +160,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------ schedule
     def _chunk(self, req: Request, budget: int) -> tuple[int, bool]:
+        if req.num_computed_tokens >= req.num_prompt_tokens and not req.wants_more(self.max_model_len):
+            # overlap mode: the in-flight token is its last; its KV would never be read
+            return 0, False
         remaining = req.num_tokens - req.num_computed_tokens
         n = min(remaining, budget)
         sample = n == remaining and req.wants_more(self.max_model_len)

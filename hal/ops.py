@@ -34,6 +34,12 @@ class OpSpec:
     def params(self) -> list[str]:
         return list(self.signature.parameters)
 
+    @property
+    def required(self) -> list[str]:
+        """What every implementation must accept; keyword-only contract parameters are optional
+        hints (see `accepts`)."""
+        return [n for n, p in self.signature.parameters.items() if p.kind is not p.KEYWORD_ONLY]
+
 
 def _op(category: str, since: str = "1.0"):
     def register(fn: Callable) -> Callable:
@@ -317,6 +323,9 @@ def sample(
     min_p: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
+    *,
+    all_greedy: bool | None = None,
+    any_filter: bool | None = None,
 ) -> torch.Tensor:
     """Seeded, batch-invariant sampling. logits float32 [B, V] (penalties applied); temperature
     float32 [B] (0 = greedy); top_k int32 [B] (0 = off); top_p, min_p float32 [B] (1.0 / 0.0 = off);
@@ -329,6 +338,11 @@ def sample(
     token = argmax(lp + gumbel) over the kept tokens, ties to the lowest id, where
     gumbel = -log(-log(u)) in float64 and u = `shuili.core.noise.uniform(seed, position, id)`,
     a counter-based hash strictly inside (0, 1). Returns int64 [B].
+    Host hints (HAL 1.2, keyword-only, optional for implementations; the caller passes them only
+    to an implementation that names them): all_greedy=True promises every temperature is 0;
+    any_filter=False promises no row has top_k > 0, top_p < 1 or min_p > 0. Any other value
+    promises nothing. They never change the result; they let an accelerator skip work without
+    reading its tensors back on the host, a sync that would stall an overlapped engine.
     """
 
 
@@ -387,6 +401,15 @@ class DispatchTable:
         return f"DispatchTable(platform={self.platform!r}, fallbacks={fallbacks})"
 
 
+def accepts(fn: Callable, keyword: str) -> bool:
+    """Whether fn takes the optional contract keyword (callers pass hints only then)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def check_signature(name: str, fn: Callable) -> str | None:
     """None when fn accepts the contract's parameters by name, else the problem in words."""
     spec = OP_SPECS[name]
@@ -397,7 +420,7 @@ def check_signature(name: str, fn: Callable) -> str | None:
     params = got.parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return None
-    wanted = spec.params
+    wanted = spec.required
     names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if names[: len(wanted)] != wanted:
         return f"op {name!r} takes ({', '.join(wanted)}) but the implementation takes ({', '.join(names)})"

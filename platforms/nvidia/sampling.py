@@ -135,15 +135,25 @@ def _keep(lp: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
     return keep & ((mp <= 0.0) | (p >= mp * p.max(1, keepdim=True).values))
 
 
-def sample(logits, temperature, top_k, top_p, min_p, seeds, positions):
+def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, *, all_greedy=None,
+           any_filter=None):
+    """The hints replace `.any()` reads of device tensors: without them each is a host sync."""
     b, v = logits.shape
     x = logits.to(torch.float32)
     greedy = torch.argmax(x, dim=1)
     sampled = temperature != 0
-    if not capturing() and not bool(sampled.any()):
+    graph = capturing()
+    if all_greedy and not graph:
+        return greedy
+    if all_greedy is None and not graph and not bool(sampled.any()):
         return greedy
     t = torch.where(sampled, temperature, 1.0).to(torch.float32)
     lp = log_softmax(x / t[:, None])
-    filt = (top_k > 0) | (top_p < 1.0) | (min_p > 0.0)
-    keep = _keep(lp, top_k, top_p, min_p) if capturing() or bool(filt.any()) else None
+    if graph or any_filter:
+        filt = True
+    elif any_filter is False:
+        filt = False
+    else:
+        filt = bool(((top_k > 0) | (top_p < 1.0) | (min_p > 0.0)).any())
+    keep = _keep(lp, top_k, top_p, min_p) if filt else None
     return torch.where(sampled, _gumbel_argmax(lp, keep, seeds, positions), greedy)

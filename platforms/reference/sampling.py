@@ -71,18 +71,19 @@ def _keep_mask(lp: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torc
     return keep
 
 
-def sample(logits, temperature, top_k, top_p, min_p, seeds, positions):
+def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, *, all_greedy=None,
+           any_filter=None):
     B, V = logits.shape
     x = logits.to(torch.float32)
     greedy = temperature == 0
     best = _first_argmax(x)
-    if bool(greedy.all()):
+    if all_greedy or bool(greedy.all()):
         return best
     t = torch.where(greedy, torch.ones_like(temperature), temperature).to(torch.float32)
     lp = log_softmax(x / t[:, None])
     keep = torch.ones(B, V, dtype=torch.bool, device=x.device)
     ks, ps, mps = top_k.tolist(), top_p.tolist(), min_p.tolist()
-    for b in range(B):
+    for b in range(B if any_filter is not False else 0):
         if ks[b] > 0 or ps[b] < 1.0 or mps[b] > 0.0:
             keep[b] = _keep_mask(lp[b], int(ks[b]), float(ps[b]), float(mps[b]))
     ids = torch.arange(V, dtype=torch.int64, device=x.device)

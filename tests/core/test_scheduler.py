@@ -138,3 +138,20 @@ def test_priority_victim_already_scheduled_is_withdrawn():
     assert out.preempted == [lo] and [c.req for c in out.chunks] == [hi]
     assert out.num_tokens == 1 and lo.status is Status.WAITING
     finish_step(s, out)
+
+
+def test_overlap_never_computes_a_last_token():
+    """With a sample in flight (overlap), a request whose pending outputs reach max_tokens gets no
+    chunk: the token is its last, and its KV would never be read. It once got a non-sampling
+    one-token chunk, a wasted forward at the end of every request (a whole extra step for 1-token
+    generations)."""
+    s = make(budget=64)
+    a, b = add(s, 5, max_tokens=1), add(s, 6, max_tokens=2)
+    out = s.schedule()
+    assert [(c.req, c.sample) for c in out.chunks] == [(a, True), (b, True)]
+    nxt = s.schedule()  # step 1 still in flight: a's token is its last, b may sample once more
+    assert [(c.req, c.start, c.sample) for c in nxt.chunks] == [(b, 6, True)]
+    finish_step(s, out)
+    assert a.finished and not b.finished
+    finish_step(s, nxt)
+    assert b.finished and not s.schedule().chunks

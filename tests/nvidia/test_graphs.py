@@ -77,3 +77,36 @@ def test_engine_decode_graphs_default_mode_close_to_eager():
         b = [struct.unpack("<f", x)[0] for x in lg]
         n = next((i for i, (x, y) in enumerate(zip(te, tg)) if x != y), len(te))  # up to a near-tie flip
         assert n > 0 and all(abs(x - y) <= 1e-3 * (1 + abs(x)) for x, y in zip(a[:n], b[:n]))
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (0.8, 1.0), (0.8, 0.9)])
+def test_overlap_decode_launch_never_syncs(temperature, top_p):
+    """Overlap mode only overlaps if launching a decode step never waits for the device: the
+    inputs go up in one pinned async copy and the sampler's host hints replace `.any()` reads.
+    torch's sync debug mode turns any synchronizing call inside a decode launch into an error."""
+    from shuili import LLM, SamplingParams
+    from shuili.hal import PlatformConfig
+
+    llm = LLM(model="tiny-v4", platform=PlatformConfig(platform="nvidia"), tokens_per_block=16,
+              max_num_seqs=8, max_num_batched_tokens=64, overlap=True)
+    prompts = [[(5 * i + j) % 900 + 2 for j in range(9 + i)] for i in range(6)]
+    params = SamplingParams(temperature=temperature, top_p=top_p, seed=3, max_tokens=12, ignore_eos=True)
+    llm.generate(prompts, params)  # captures the graphs (capture itself synchronizes)
+    runner, checked = llm.engine.runner, []
+    execute = runner.execute
+
+    def strict(out, prev=None):
+        decode = all(c.num_tokens == 1 for c in out.chunks) and prev is not None
+        if not decode:
+            return execute(out, prev)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return execute(out, prev)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            checked.append(len(out.chunks))
+
+    runner.execute = strict
+    outs = llm.generate(prompts, params)
+    assert all(o.error is None for o in outs), [o.error for o in outs]
+    assert len(checked) >= 8

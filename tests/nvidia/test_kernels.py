@@ -439,6 +439,14 @@ def test_log_softmax_and_sample(device):
     want = REF["sample"](**args)
     got = sampling.sample(**{k: t.to(device) for k, t in args.items()})
     assert torch.equal(got.cpu(), want)
+    hinted = sampling.sample(**{k: t.to(device) for k, t in args.items()}, all_greedy=False, any_filter=True)
+    assert torch.equal(hinted.cpu(), want)
+    plain = dict(args, top_k=torch.zeros(b, dtype=torch.int32), top_p=torch.ones(b), min_p=torch.zeros(b))
+    got = sampling.sample(**{k: t.to(device) for k, t in plain.items()}, all_greedy=False, any_filter=False)
+    assert torch.equal(got.cpu(), REF["sample"](**plain))
+    greedy = dict(plain, temperature=torch.zeros(b))
+    got = sampling.sample(**{k: t.to(device) for k, t in greedy.items()}, all_greedy=True, any_filter=False)
+    assert torch.equal(got.cpu(), REF["sample"](**greedy))
     pen = dict(logits=lg, token_counts=torch.randint(0, 3, (b, v), generator=g(92)).to(torch.int32),
                prompt_mask=torch.rand(b, v, generator=g(93)) < 0.1, repetition=torch.full((b,), 1.2),
                presence=torch.full((b,), 0.3), frequency=torch.full((b,), 0.1))

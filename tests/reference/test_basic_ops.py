@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from shuili.hal.ops import OP_NAMES, check_signature
+from shuili.hal.ops import OP_NAMES, accepts, check_signature
 from shuili.hal.types import Weight
 from shuili.platforms.reference.ops import OPS
 
@@ -13,6 +13,37 @@ def test_table_covers_contract_with_exact_signatures():
     assert set(OPS) == set(OP_NAMES)
     for name in OP_NAMES:
         assert check_signature(name, OPS[name]) is None, name
+
+
+def test_sample_hints_are_optional_for_implementations():
+    """HAL 1.2's keyword-only sample hints: a 1.0-style implementation still fits the contract,
+    and callers can tell whether to pass them."""
+    def old(logits, temperature, top_k, top_p, min_p, seeds, positions):
+        return logits
+
+    def renamed(logits, temperature, top_k, top_p, min_p, seeds, position):
+        return logits
+
+    assert check_signature("sample", old) is None
+    assert "position" in check_signature("sample", renamed)
+    assert accepts(OPS["sample"], "all_greedy") and accepts(OPS["sample"], "any_filter")
+    assert not accepts(old, "all_greedy") and accepts(lambda *a, **kw: None, "any_filter")
+
+
+def test_sample_hints_never_change_the_result(gen):
+    b, v = 6, 50
+    logits = torch.randn(b, v, generator=gen) * 2
+    args = dict(logits=logits, temperature=torch.tensor([0.0, 0.7, 0.0, 1.2, 0.9, 0.0]),
+                top_k=torch.tensor([0, 5, 0, 0, 0, 0], dtype=torch.int32),
+                top_p=torch.tensor([1.0, 1.0, 1.0, 0.6, 1.0, 1.0]), min_p=torch.zeros(b),
+                seeds=torch.arange(b) + 11, positions=torch.arange(b) + 40)
+    want = OPS["sample"](**args)
+    # hints that promise nothing
+    assert torch.equal(OPS["sample"](**args, all_greedy=False, any_filter=True), want)
+    plain = dict(args, top_k=torch.zeros(b, dtype=torch.int32), top_p=torch.ones(b))
+    assert torch.equal(OPS["sample"](**plain, any_filter=False), OPS["sample"](**plain))
+    greedy = dict(args, temperature=torch.zeros(b))
+    assert torch.equal(OPS["sample"](**greedy, all_greedy=True), logits.argmax(1))
 
 
 @pytest.mark.parametrize("t,k,n", [(1, 8, 3), (7, 64, 33), (40, 130, 17)])
