@@ -70,7 +70,7 @@ def shuili_runs(cfg, params, variant, args, prompts):
     run_bench(llm, args.batch, args.input_len, 4, 0.0, 1)  # compiles prefill + decode kernels
     one = run_bench(llm, args.batch, args.input_len, 1, 0.0, 0)
     full = run_bench(llm, args.batch, args.input_len, args.output_len, 0.0, 0)
-    if args.profile and variant in ("default", "bi"):
+    if args.profile and variant in ("default", "bi", "default_overlap"):
         try:
             profile(llm, args)
         except Exception as exc:  # the profile is a diagnosis, never a reason to lose the numbers
