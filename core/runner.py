@@ -14,7 +14,7 @@ import torch
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
 from shuili.core.sampler import Sampler, SampleRow
 from shuili.core.scheduler import SchedulerOutput
-from shuili.core.staging import upload
+from shuili.core.staging import Download, upload
 
 
 def allocate_caches(groups: list[CacheGroupSpec], num_blocks: int, tokens_per_block: int,
@@ -36,13 +36,16 @@ class StepResult:
     prompt_rows: list[tuple] = field(default_factory=list)  # (request, position, logits row)
     prompt_logprobs: torch.Tensor | None = None  # float32 [len(prompt_rows)]
     index: dict[str, int] = field(default_factory=dict)  # request id -> sample row
+    download: Download | None = None  # started when the step is launched
 
     def to_host(self):
-        tok = self.sampled.tolist() if self.sampled is not None else []
-        lps = self.logprobs.tolist() if self.logprobs is not None else []
-        bad = self.bad.tolist() if self.bad is not None else []
-        plp = self.prompt_logprobs.tolist() if self.prompt_logprobs is not None else []
-        return tok, lps, bad, plp
+        """(tokens, logprobs, bad, prompt logprobs) as lists; waits for this step only."""
+        if self.download is None:
+            self.start_download()
+        return tuple(self.download.wait())
+
+    def start_download(self) -> None:
+        self.download = Download([self.sampled, self.logprobs, self.bad, self.prompt_logprobs])
 
 
 @dataclass
@@ -151,4 +154,5 @@ class ModelRunner:
         if prompt_rows:
             lp = self.ops.log_softmax(logits[step.prompt_idx])
             res.prompt_logprobs = lp.gather(1, step.prompt_targets[:, None])[:, 0]
+        res.start_download()
         return res

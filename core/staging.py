@@ -41,3 +41,31 @@ def pack(arrays: Sequence[tuple[Sequence, torch.dtype]], pin: bool = False):
 
 def unpack(buf: torch.Tensor, views) -> list[torch.Tensor]:
     return [buf[o:o + k * dt.itemsize].view(dt) for o, k, dt in views]
+
+
+class Download:
+    """Device tensors on their way to the host. On CUDA the copies go to page-locked buffers
+    behind an event, so `wait` blocks only until this step's results are there. A plain
+    `.tolist()` is a copy ordered after everything queued since, which in overlap mode is the
+    next step: the host would wait for step N+1 to read step N."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor | None]):
+        self.event = None
+        self.tensors = list(tensors)
+        live = [t for t in self.tensors if t is not None]
+        if live and live[0].device.type == "cuda":
+            self.tensors = [None if t is None else _pinned_copy(t) for t in self.tensors]
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def wait(self) -> list[list]:
+        """Python lists, one per tensor ([] for None)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return [[] if t is None else t.tolist() for t in self.tensors]
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
