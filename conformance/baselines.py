@@ -79,13 +79,18 @@ def stack_fingerprint(resolved) -> dict[str, str]:
     """What the bits may depend on. Baseline bits are comparable only under an equal fingerprint."""
     import torch
 
-    from shuili.hal.version import HAL_API_VERSION
+    from shuili.hal.version import HAL_API_MAJOR
 
     caps = resolved.capabilities
     fp = {
         "platform": resolved.name,
         "plugin_version": resolved.info.plugin_version,
-        "hal_api": HAL_API_VERSION,
+        # a minor release adds optional hooks and hints, never changes an op's result
+        "hal_api": str(HAL_API_MAJOR),
+        # the declared determinism per op: a platform in batch-invariant mode (by config or by its
+        # own switch) declares other levels and runs other kernels, so other bits
+        "op_levels": hashlib.sha256(json.dumps({n: c.determinism.name for n, c in caps.ops.items()},
+                                               sort_keys=True).encode()).hexdigest()[:12],
         "torch": torch.__version__,
         "device": _device_name(caps.device_type),
         "cuda": str(torch.version.cuda),
