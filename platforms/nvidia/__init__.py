@@ -1,1 +1,2 @@
-"""NVIDIA platform: torch + Triton kernels; SM100 paths by capability detection, SM90 fallback."""
+"""NVIDIA platform: torch + Triton kernels. Measured on SM90; FP4 codes are decoded in registers on every SM
+(no SM100-only path: see docs/platforms/nvidia.md)."""

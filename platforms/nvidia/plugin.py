@@ -65,8 +65,8 @@ _CAPS = {
 @hookimpl
 def shuili_platform_info():
     return PlatformInfo(name=NAME, vendor="NVIDIA", priority=100, hal_api_version=HAL_API_VERSION,
-                        description="CUDA GPUs via torch + Triton (SM90 measured; SM100 FP4 paths "
-                                    "emulated, see docs/platforms/nvidia.md)")
+                        description="CUDA GPUs via torch + Triton (SM90 measured; FP4 decoded in registers "
+                                    "on every SM, see docs/platforms/nvidia.md)")
 
 
 def probe() -> Availability:
