@@ -73,8 +73,7 @@ def call(fn: Callable, op: str, kwargs: dict, act: tuple[str, ...], device: str,
          dtype: torch.dtype) -> list[torch.Tensor]:
     args = place(kwargs, act, device, dtype)
     # optional contract hints go only to an implementation that names them (HAL 1.2)
-    hints = [p for p, q in OP_SPECS[op].signature.parameters.items() if q.kind is q.KEYWORD_ONLY]
-    for name in hints:
+    for name in OP_SPECS[op].hints:
         if name in args and not accepts(fn, name):
             del args[name]
     return outputs(op, args, fn(**args))

@@ -82,8 +82,7 @@ class Sampler:
         f32 = torch.float32
         hints = {}
         if self._takes_hints():  # known on the host: the op need not read its tensors back (a sync)
-            hints = {"all_greedy": all(p.temperature == 0 for p in ps),
-                     "any_filter": any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in ps)}
+            hints = {"all_greedy": all(p.greedy for p in ps), "any_filter": any(p.has_filter for p in ps)}
         tokens = self.ops.sample(proc, *upload([
             ([p.temperature for p in ps], f32), ([p.top_k for p in ps], torch.int32),
             ([p.top_p for p in ps], f32), ([p.min_p for p in ps], f32),

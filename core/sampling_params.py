@@ -81,6 +81,10 @@ class SamplingParams(BaseModel):
         return self.temperature == 0.0
 
     @property
+    def has_filter(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @property
     def has_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)

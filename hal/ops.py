@@ -36,9 +36,13 @@ class OpSpec:
 
     @property
     def required(self) -> list[str]:
-        """What every implementation must accept; keyword-only contract parameters are optional
-        hints (see `accepts`)."""
-        return [n for n, p in self.signature.parameters.items() if p.kind is not p.KEYWORD_ONLY]
+        """What every implementation must accept."""
+        return [n for n in self.params if n not in self.hints]
+
+    @property
+    def hints(self) -> list[str]:
+        """The keyword-only contract parameters: optional host hints (see `accepts`)."""
+        return [n for n, p in self.signature.parameters.items() if p.kind is p.KEYWORD_ONLY]
 
 
 def _op(category: str, since: str = "1.0"):

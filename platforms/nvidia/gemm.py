@@ -86,12 +86,12 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N
             w = _w_tile(hi, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
             acc += tl.dot(hi, tl.trans(w))
             acc += tl.dot(lo, tl.trans(w))
-        elif F32:
-            w = _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
-            acc += tl.dot(a, tl.trans(w), input_precision="ieee")
         else:
             w = _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
-            acc += tl.dot(a, tl.trans(w))
+            if F32:
+                acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(a, tl.trans(w))
     if SPLIT > 1:  # fp32 partials [SPLIT, M, N]; _split_sum adds them in split order
         part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
         tl.store(part + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=rok[:, None] & cok[None, :])

@@ -142,18 +142,12 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, *, all_gr
     x = logits.to(torch.float32)
     greedy = torch.argmax(x, dim=1)
     sampled = temperature != 0
-    graph = capturing()
-    if all_greedy and not graph:
-        return greedy
-    if all_greedy is None and not graph and not bool(sampled.any()):
+    graph = capturing()  # a graph records every path: no host reads, no shortcuts
+    if not graph and (all_greedy or (all_greedy is None and not bool(sampled.any()))):
         return greedy
     t = torch.where(sampled, temperature, 1.0).to(torch.float32)
     lp = log_softmax(x / t[:, None])
-    if graph or any_filter:
-        filt = True
-    elif any_filter is False:
-        filt = False
-    else:
-        filt = bool(((top_k > 0) | (top_p < 1.0) | (min_p > 0.0)).any())
+    filt = graph or any_filter or (
+        any_filter is None and bool(((top_k > 0) | (top_p < 1.0) | (min_p > 0.0)).any()))
     keep = _keep(lp, top_k, top_p, min_p) if filt else None
     return torch.where(sampled, _gumbel_argmax(lp, keep, seeds, positions), greedy)
