@@ -15,7 +15,7 @@ import torch
 from shuili.hal.types import Weight
 from shuili.platforms.ascend.host import on_host, took
 from shuili.platforms.ascend.norm_rope import silu
-from shuili.platforms.reference.numerics import tree_sum
+from shuili.hal.numerics import tree_sum
 
 TILE = 16  # batch-invariant mode: every matmul has exactly TILE rows
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)

@@ -14,7 +14,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     the tensor, so the reference's position-independent recipe is used there; NPU vector units
     apply one instruction sequence to every element, so torch's kernel is used on the device."""
     if x.device.type == "cpu":
-        from shuili.platforms.reference.numerics import silu as exact_silu
+        from shuili.hal.numerics import silu as exact_silu
 
         return exact_silu(x)
     return torch.nn.functional.silu(x)

@@ -1,11 +1,12 @@
 """Attention: paged causal attention and sparse (index-selected, K = V) attention.
 
-Per-query by construction: each query gathers exactly its visible keys into a fresh contiguous
-buffer, in a fixed order, and runs its own matmuls (shapes depend only on its own key count), so
-its bits depend only on its own keys: prefill, chunked prefill and decode of one token give
-identical results, whatever the batch. Only the softmax is shared across the queries of one call:
-logits are padded at the end with -inf, which `numerics.softmax_last` provably ignores bit for bit
-(exact zeros, appended zeros in the fixed tree). Softmax in float32 with the sink in the
+Per-query by construction, with all of a sequence's queries computed at once: logits come from
+`numerics.dot` (a logit's bits depend only on its query row and its key row, exactly, on any
+BLAS), each query's visible keys are then aligned to the start of its own softmax row in a fixed
+order, the rest padded with -inf, which `numerics.softmax_last` provably ignores bit for bit
+(exact zeros, appended zeros in the fixed tree), and p V comes from `numerics.dot_pv`, where
+masked keys (p exactly 0) add nothing. So prefill, chunked prefill and decode of one token give
+identical results, whatever the batch or the host. Softmax in float32 with the sink in the
 denominator.
 """
 from __future__ import annotations
@@ -14,44 +15,54 @@ from typing import Sequence
 
 import torch
 
-from shuili.platforms.reference import numerics
+from shuili.hal import numerics
 
 
-def _fresh(x: torch.Tensor) -> torch.Tensor:
-    """A new contiguous buffer (fresh allocations are 64-byte aligned): matmul inputs never start
-    at an offset that depends on where the query sat in its batch."""
-    return x.clone(memory_format=torch.contiguous_format)
+def _gqa_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, T, H, D]; k [B, n, KVH, D] -> float32 [B, T, H, n]; head h reads kv head h // (H / KVH)."""
+    bsz, t, h, d = q.shape
+    kvh = k.shape[2]
+    qg = q.reshape(bsz, t, kvh, h // kvh, d).permute(0, 2, 1, 3, 4).reshape(bsz, kvh, t * (h // kvh), d)
+    lg = numerics.dot(qg, k.permute(0, 2, 1, 3))  # [B, KVH, T * G, n]
+    return lg.reshape(bsz, kvh, t, h // kvh, -1).permute(0, 2, 1, 3, 4).reshape(bsz, t, h, -1) * scale
 
 
-def _logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [H, D]; k [n, KVH, D] -> float32 [H, n]; head h reads kv head h // (H / KVH)."""
-    h, d = q.shape
-    n, kvh, _ = k.shape
-    qg = _fresh(q.reshape(kvh, h // kvh, d))
-    kt = _fresh(k.permute(1, 2, 0))  # [KVH, D, n]
-    return torch.bmm(qg, kt).reshape(h, n) * scale
+def _gqa_weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """p [B, T, H, n]; v [B, n, KVH, Dv] -> float32 [B, T, H, Dv]."""
+    bsz, t, h, n = p.shape
+    kvh, dv = v.shape[2], v.shape[3]
+    pg = p.reshape(bsz, t, kvh, h // kvh, n).permute(0, 2, 1, 3, 4).reshape(bsz, kvh, t * (h // kvh), n)
+    out = numerics.dot_pv(pg, v.permute(0, 2, 1, 3))  # [B, KVH, T * G, Dv]
+    return out.reshape(bsz, kvh, t, h // kvh, dv).permute(0, 2, 1, 3, 4).reshape(bsz, t, h, dv)
 
 
-def _weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """p [H, n]; v [n, KVH, Dv] -> [H, Dv]."""
-    h, n = p.shape
-    kvh, dv = v.shape[1], v.shape[2]
-    if n == 0:
-        return torch.zeros(h, dv, dtype=torch.float32)
-    vg = _fresh(v.permute(1, 0, 2))  # [KVH, n, Dv]
-    return torch.bmm(_fresh(p.reshape(kvh, h // kvh, n)), vg).reshape(h, dv)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor, count: torch.Tensor,
+            scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """q [B, T, H, D] over keys k, values v [B, n, KVH, *]; query (b, t) sees keys first[b, t] ..
+    first[b, t] + count[b, t] - 1, and keys it does not see must be finite (zeros) -> [B, T, H, Dv]."""
+    bsz, t, h, _ = q.shape
+    logits = _gqa_logits(q, k, scale)
+    n = logits.shape[-1]
+    p = _aligned_softmax(logits.reshape(bsz * t, h, n), first.reshape(-1), count.reshape(-1), sinks)
+    return _gqa_weighted(p.reshape(bsz, t, h, n), v)
 
 
-def _attend_many(qs: list[torch.Tensor], ks: list[torch.Tensor], vs: list[torch.Tensor],
-                 scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Queries qs[i] [H, D] over their own keys ks[i], values vs[i] [n_i, KVH, D] -> [len, H, Dv]."""
-    logits = [_logits(q, k, scale) for q, k in zip(qs, ks)]
-    width = max((lg.shape[1] for lg in logits), default=0)
-    padded = torch.full((len(qs), qs[0].shape[0] if qs else 0, width), float("-inf"))
-    for i, lg in enumerate(logits):
-        padded[i, :, :lg.shape[1]] = lg
-    p = numerics.softmax_last(padded, None if sinks is None else sinks.to(torch.float32))
-    return torch.stack([_weighted(p[i, :, :lg.shape[1]], v) for i, (lg, v) in enumerate(zip(logits, vs))])
+def _aligned_softmax(logits: torch.Tensor, first: torch.Tensor, count: torch.Tensor,
+                     sinks: torch.Tensor | None) -> torch.Tensor:
+    """logits [T, H, n] over a shared key range; query t sees keys first[t] .. first[t] + count[t] - 1.
+    Returns p [T, H, n] (zero outside each query's keys), each row's softmax taken over its keys
+    moved to the front of a -inf padded row, so its bits do not depend on the shared range."""
+    t, h, n = logits.shape
+    width = int(count.max()) if t else 0
+    j = torch.arange(width)
+    valid = j[None, :] < count[:, None]  # [T, width]
+    # padding reads and writes column n, a spare one, so no two writes of a row hit one column
+    src = torch.where(valid, first[:, None] + j[None, :], torch.full((t, width), n))
+    spare = torch.cat([logits, torch.full((t, h, 1), float("-inf"))], 2)
+    rows = torch.gather(spare, 2, src[:, None, :].expand(t, h, width))
+    pr = numerics.softmax_last(rows, None if sinks is None else sinks.to(torch.float32))
+    p = torch.zeros(t, h, n + 1, dtype=torch.float32)
+    return p.scatter_(2, src[:, None, :].expand(t, h, width), pr)[..., :n]
 
 
 def _slots(block_table: torch.Tensor, entries: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -63,8 +74,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     query_start_loc: torch.Tensor, scale: float, window: int = 0,
                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal (optionally sliding-window) attention: query at position p reads kv positions
-    max(0, p - window + 1) .. p in increasing order; logits q K^T * scale by one matmul per query,
-    softmax as in the module doc, output p V by one matmul per query.
+    max(0, p - window + 1) .. p in increasing order; logits q K^T * scale (`numerics.dot`), softmax
+    as in the module doc, output p V (`numerics.dot_pv`).
     """
     t, h, d = q.shape
     nb, bs, kvh, dk = k_cache.shape
@@ -81,7 +92,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     kf = k_cache.view(nb * bs, kvh, dk)
     vf = v_cache.view(nb * bs, kvh, v_cache.shape[-1])
     qf = q.to(torch.float32)
-    qs, ks, vs = [], [], []
+    out = torch.zeros(t, h, v_cache.shape[-1], dtype=torch.float32)
+    singles = []  # decode rows (one query each): attended together, keys padded with zeros
     for b, length in enumerate(lens):
         q_len = qsl[b + 1] - qsl[b]
         if q_len > length:
@@ -90,21 +102,31 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if -(-length // bs) > block_tables.shape[1]:
             raise ValueError(f"sequence {b} needs {-(-length // bs)} blocks, block_tables has "
                              f"{block_tables.shape[1]} columns")
-        if q_len == 0:
-            continue
-        first = length - q_len
-        lo0 = max(0, first - window + 1) if window > 0 else 0
-        slots = _slots(block_tables[b], torch.arange(lo0, length), bs)
-        kseq, vseq = kf[slots].to(torch.float32), vf[slots].to(torch.float32)
-        for i in range(q_len):
-            p = first + i
-            lo = max(0, p - window + 1) if window > 0 else 0
-            qs.append(qf[qsl[b] + i])
-            ks.append(kseq[lo - lo0:p + 1 - lo0])
-            vs.append(vseq[lo - lo0:p + 1 - lo0])
-    out = torch.zeros(t, h, v_cache.shape[-1], dtype=torch.float32)
-    if qs:
-        out[:] = _attend_many(qs, ks, vs, scale, sinks)
+        if q_len == 1:
+            singles.append(b)
+        elif q_len > 1:
+            first = length - q_len
+            lo0 = max(0, first - window + 1) if window > 0 else 0
+            slots = _slots(block_tables[b], torch.arange(lo0, length), bs)
+            pos = torch.arange(first, length)
+            lo = (pos - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(pos)
+            o = _attend(qf[None, qsl[b]:qsl[b + 1]], kf[slots][None].to(torch.float32),
+                        vf[slots][None].to(torch.float32), (lo - lo0)[None], (pos + 1 - lo)[None], scale, sinks)
+            out[qsl[b]:qsl[b + 1]] = o[0]
+    if singles:
+        rows = torch.tensor([qsl[b] for b in singles])
+        length = torch.tensor([lens[b] for b in singles])
+        lo = (length - window).clamp_min(0) if window > 0 else torch.zeros_like(length)
+        count = length - lo
+        j = torch.arange(int(count.max()))
+        seen = j[None, :] < count[:, None]  # [S, n]
+        entries = torch.where(seen, lo[:, None] + j[None, :], torch.zeros_like(seen, dtype=torch.int64))
+        slots = torch.stack([_slots(block_tables[b], entries[i], bs) for i, b in enumerate(singles)])
+        mask = seen[:, :, None, None]
+        k = torch.where(mask, kf[slots].to(torch.float32), 0.0)
+        v = torch.where(mask, vf[slots].to(torch.float32), 0.0)
+        o = _attend(qf[rows][:, None], k, v, torch.zeros_like(count)[:, None], count[:, None], scale, sinks)
+        out[rows] = o[:, 0]
     return out.to(q.dtype)
 
 
@@ -141,15 +163,29 @@ def sparse_attention(q: torch.Tensor, kv: Sequence[torch.Tensor], indices: Seque
     for i, idx in enumerate(indices):
         if idx.dim() != 2 or idx.shape[0] != t:
             raise ValueError(f"indices[{i}] has shape {tuple(idx.shape)}, expected [{t}, L]")
-    qf = q.to(torch.float32)
-    ks = []
-    for ti in range(t):
-        parts = [torch.zeros(0, d)]
-        for cache, idx, fmt in zip(kv, indices, fmts):
-            row = idx[ti].to(torch.int64)
-            parts.append(_rows(cache, fmt, d, row[row >= 0]))
-        ks.append(torch.cat(parts)[:, None, :])
     if t == 0:
         return torch.zeros(0, h, d, dtype=q.dtype)
-    out = _attend_many(list(qf), ks, ks, scale, sinks)
+    # per query: its valid entries of cache 0 in index order, then cache 1, ...; -1s moved last
+    ids, src, valid = [], [], []
+    for i, (idx, fmt) in enumerate(zip(indices, fmts)):
+        row = idx.to(torch.int64)
+        ids.append(row.clamp_min(0))
+        src.append(torch.full_like(row, i))
+        valid.append(row >= 0)
+    ids, src, valid = torch.cat(ids, 1), torch.cat(src, 1), torch.cat(valid, 1)
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+    ids, src, valid = ids.gather(1, order), src.gather(1, order), valid.gather(1, order)
+    count = valid.sum(1)
+    width = int(count.max())
+    ids, src, valid = ids[:, :width], src[:, :width], valid[:, :width]
+    keys = torch.zeros(t, width, d, dtype=torch.float32)
+    for i, (cache, fmt) in enumerate(zip(kv, fmts)):
+        sel = valid & (src == i)
+        if sel.any():
+            keys[sel] = _rows(cache, fmt, d, ids[sel])
+    qf = q.to(torch.float32)
+    logits = numerics.dot(qf, keys) * scale  # [T, H, width]
+    logits = torch.where(valid[:, None, :], logits, torch.full_like(logits, float("-inf")))
+    p = numerics.softmax_last(logits, None if sinks is None else sinks.to(torch.float32))
+    out = numerics.dot_pv(p, keys)
     return out.to(q.dtype)

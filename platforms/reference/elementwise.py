@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from shuili.platforms.reference import numerics
+from shuili.hal import numerics
 
 
 def swiglu(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from shuili.platforms.reference import numerics
+from shuili.hal import numerics
 
 
 def hc_split_sinkhorn(mix: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, hc_mult: int,

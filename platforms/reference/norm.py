@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from shuili.platforms.reference.numerics import rsqrt, tree_sum
+from shuili.hal.numerics import rsqrt, tree_sum
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

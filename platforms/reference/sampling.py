@@ -1,7 +1,7 @@
 """Reference sampling ops: log_softmax, apply_penalties, sample (semantics in shuili.hal.ops).
 
 Batch invariance by construction: exp, log and the row sum come from
-`shuili.platforms.reference.numerics` (elementwise IEEE basics and a fixed pairwise tree whose
+`shuili.hal.numerics` (elementwise IEEE basics and a fixed pairwise tree whose
 order depends only on V), so a row's bits depend on nothing but the row. Penalties are
 elementwise add/mul/div, exact-rounded in any lane. Top-k/top-p need a per-row sort and cumsum,
 so filtered rows are handled one at a time; the Gumbel noise is keyed by token id, so the sort's
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from shuili.core import noise
-from shuili.platforms.reference import numerics
+from shuili.hal import numerics
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:

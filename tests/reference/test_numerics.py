@@ -5,7 +5,7 @@ import struct
 import pytest
 import torch
 
-from shuili.platforms.reference import numerics as N
+from shuili.hal import numerics as N
 
 
 def _f32(v):
@@ -78,3 +78,73 @@ def test_softmax_ignores_trailing_minus_inf_padding_bitwise(gen):
             padded[:, :n] = row
             got = N.softmax_last(padded, sink)
             assert torch.equal(got[:, :n], alone) and not got[:, n:].any()
+
+
+def _exact_dot_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`N.dot` recomputed with Python integers (no BLAS): the exact sum of the fixed-point products."""
+    pa, pb = N.dot_bits(a.shape[-1])
+    qa, ea = N.to_fixed(a, pa)
+    qb, eb = N.to_fixed(b, pb)
+    out = torch.empty(a.shape[0], b.shape[0], dtype=torch.float64)
+    for i in range(a.shape[0]):
+        for j in range(b.shape[0]):
+            s = sum(int(x) * int(y) for x, y in zip(qa[i].tolist(), qb[j].tolist()))
+            out[i, j] = math.ldexp(s, int(ea[i]) - pa + int(eb[j]) - pb)
+    return out.to(torch.float32)
+
+
+@pytest.mark.parametrize("k", [1, 7, 64, 577])
+def test_dot_is_the_exact_sum_of_its_fixed_point_products(gen, k):
+    a = torch.randn(5, k, generator=gen) * torch.logspace(-3, 3, k)
+    b = torch.randn(4, k, generator=gen)
+    a[1, 0] = 1e4  # an outlier sets its row's grid
+    assert torch.equal(N.dot(a, b), _exact_dot_bits(a, b))
+    assert N.dot(a, b).sub(a.double() @ b.double().t()).abs().max() < 1e-5 * (a.abs() @ b.abs().t()).max()
+
+
+@pytest.mark.parametrize("bits,exact", [(None, True), ((30, 30), False)])
+def test_blas_sum_of_fixed_point_products_is_exact(gen, bits, exact):
+    # with dot_bits the float64 BLAS sum equals the integer sum; with more bits than float64
+    # holds (negative control) it does not
+    a, b = torch.randn(3, 577, generator=gen), torch.randn(3, 577, generator=gen)
+    pa, pb = bits or N.dot_bits(577)
+    qa, qb = N.to_fixed(a, pa)[0], N.to_fixed(b, pb)[0]
+    blas = torch.matmul(qa, qb.t())
+    ints = [[sum(int(x) * int(y) for x, y in zip(r.tolist(), c.tolist())) for c in qb] for r in qa]
+    assert all(int(blas[i, j]) == ints[i][j] for i in range(3) for j in range(3)) == exact
+
+
+def test_dot_rows_independent_of_batch_and_threads(gen):
+    w = torch.randn(33, 200, generator=gen)
+    row = torch.randn(200, generator=gen)
+    alone = N.dot(row[None], w)[0]
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for m in (2, 17, 300):
+                x = torch.randn(m, 200, generator=gen) * 100
+                x[m // 2] = row
+                assert torch.equal(N.dot(x, w)[m // 2], alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_dot_pv_ignores_masked_keys_and_signed_zeros(gen):
+    p = torch.softmax(torch.randn(3, 6, generator=gen), -1)
+    v = torch.randn(6, 8, generator=gen)
+    v[:, 2] = -0.0
+    alone = N.dot_pv(p, v)
+    # 10 appended keys with weight 0 (their values anything finite) change no bit, nor the zero's sign
+    wide = N.dot_pv(torch.cat([p, torch.zeros(3, 10)], 1), torch.cat([v, torch.randn(10, 8, generator=gen)]))
+    assert torch.equal(wide, alone) and not torch.signbit(wide[:, 2]).any()
+    torch.testing.assert_close(alone.double(), p.double() @ v.double(), rtol=1e-6, atol=1e-7)
+
+
+def test_sincos_and_pow_accuracy():
+    x = torch.linspace(-3e5, 3e5, 100_001, dtype=torch.float32)
+    s, c = N.sincos64(x)
+    assert (s - torch.sin(x.double())).abs().max() < 1e-14 and (c - torch.cos(x.double())).abs().max() < 1e-14
+    y = torch.arange(0, 64, 2).float() / 64
+    want = torch.tensor([_f32(10000.0 ** float(v)) for v in y])
+    assert (N.pow_f32(10000.0, y) - want).abs().div(want).max() <= 2 ** -23
