@@ -20,7 +20,7 @@ from shuili.core.model_api import CacheGroupSpec, ForwardBatch
 from shuili.core.models.deepseek_v4_cache import SimpleCacheDriver, cache_groups, token_slots
 from shuili.core.models.deepseek_v4_config import V4Config, named
 from shuili.core.models.tokenizer import ByteTokenizer
-from shuili.hal import DispatchTable
+from shuili.hal import DispatchTable, numerics
 from shuili.hal.types import Weight
 
 
@@ -100,17 +100,20 @@ class Mtp:
 # -------------------------------------------------------------------------------------------- rope
 def rope_tables(cfg: V4Config, compressed: bool, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin float32 [max_len, rope_dim/2]; YaRN (no mscale) only on compressed layers' tables.
-    Computed on the CPU in float32 exactly like HF's `pos.float() * inv_freq`, so every platform
-    gets the same bits.
+    Computed on the CPU in float32 like HF's `pos.float() * inv_freq`, with pow, log, sin and cos
+    from `hal.numerics`, so every platform and every host gets the same bits.
     """
     r = cfg.qk_rope_head_dim
     base = cfg.compress_rope_theta if compressed else cfg.rope_theta
-    inv = 1.0 / (base ** (torch.arange(0, r, 2, dtype=torch.int64).float() / r))
+    inv = 1.0 / numerics.pow_f32(base, torch.arange(0, r, 2, dtype=torch.int64).float() / r)
     if compressed and cfg.yarn is not None:
         y = cfg.yarn
 
+        def log(v: float) -> float:
+            return float(numerics.log64(torch.tensor(v, dtype=torch.float64)))
+
         def corr(rot: float) -> float:
-            return (r * math.log(y.original_max_position_embeddings / (rot * 2 * math.pi))) / (2 * math.log(base))
+            return (r * log(y.original_max_position_embeddings / (rot * 2 * math.pi))) / (2 * log(base))
 
         low, high = max(math.floor(corr(y.beta_fast)), 0), min(math.ceil(corr(y.beta_slow)), r - 1)
         if low == high:
@@ -118,8 +121,7 @@ def rope_tables(cfg: V4Config, compressed: bool, max_len: int) -> tuple[torch.Te
         ramp = ((torch.arange(r // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
         extra = 1 - ramp
         inv = (inv / y.factor) * (1 - extra) + inv * extra
-    freqs = torch.arange(max_len, dtype=torch.int64).float()[:, None] * inv[None, :]
-    return freqs.cos(), freqs.sin()
+    return numerics.rotary_tables(torch.arange(max_len, dtype=torch.int64), inv)
 
 
 # ------------------------------------------------------------------------------------ batch metadata
@@ -307,7 +309,7 @@ class DeepseekV4Model:
         scale = torch.cat([hc.scale.float().reshape(1), torch.ones(2, device=x.device)])
         base = torch.cat([hc.base.float(), torch.zeros(m * (m + 1), device=x.device)])
         pre = ops.hc_split_sinkhorn(torch.cat([mix, pad], -1), scale, base, m, 1, cfg.hc_eps)[0]
-        y = (pre[..., None] * x.float()).sum(1).to(self.dtype)
+        y = numerics.tree_sum(pre[..., None] * x.float(), dim=1).to(self.dtype)
         return ops.linear(ops.rms_norm(y, norm, cfg.rms_norm_eps), self.head).float()
 
     def _hc_pre(self, hc: HC, x: torch.Tensor):
@@ -316,7 +318,7 @@ class DeepseekV4Model:
         flat = ops.rms_norm(x.reshape(T, m * D).float(), None, cfg.rms_norm_eps)
         mix = ops.linear(flat, hc.fn).float()
         pre, post, comb = ops.hc_split_sinkhorn(mix, hc.scale, hc.base, m, cfg.hc_sinkhorn_iters, cfg.hc_eps)
-        u = (pre[..., None] * x.float()).sum(1).to(x.dtype)  # [T, D]
+        u = numerics.tree_sum(pre[..., None] * x.float(), dim=1).to(x.dtype)  # [T, D]
         return u, post, comb
 
     @staticmethod
@@ -420,9 +422,10 @@ class DeepseekV4Model:
         valid = ((new.src_slots >= 0) | (new.out_slots < 0)[:, None])[..., None]
         kv = torch.where(valid, kv, torch.zeros_like(kv))
         gate = torch.where(valid, gate, torch.full_like(gate, float("-inf")))
-        # softmax over the 2r (or r) token slots, per channel; the contiguous inner dim is the
-        # channel (a multiple of the vector width), so a row's bits do not depend on N
-        pooled = (kv * gate.softmax(dim=1)).sum(dim=1).to(self.dtype)  # [N, dim]
+        # softmax over the 2r (or r) token slots, per channel, in float32 from `hal.numerics`: torch's
+        # softmax and sum take their exp and order from the host's ISA
+        p = numerics.softmax_last(gate.float().transpose(1, 2)).transpose(1, 2)
+        pooled = numerics.tree_sum(kv.float() * p, dim=1).to(self.dtype)  # [N, dim]
         pooled = ops.rms_norm(pooled, c.norm, cfg.rms_norm_eps).view(-1, 1, dim)
         cos, sin = self.rope[True]
         pooled = ops.rope(pooled, new.positions, cos, sin, cfg.qk_rope_head_dim).reshape(-1, dim)

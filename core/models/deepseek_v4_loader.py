@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.models.deepseek_v4_config import V4Config
+from shuili.hal import numerics
 from shuili.hal.types import Weight
 
 # kinds: "linear" (float or fp8), "dense" (float, kept in compute dtype), "f32" (kept float32),
@@ -160,7 +161,7 @@ def _e8m0_to_f32(s: torch.Tensor) -> torch.Tensor:
     if s.dtype == torch.float8_e8m0fnu:
         return s.float()
     if s.dtype in (torch.uint8, torch.int8):
-        return torch.pow(2.0, s.view(torch.uint8).float() - 127.0)
+        return numerics.pow2(s.view(torch.uint8).to(torch.int64) - 127).to(torch.float32)
     return s.float()
 
 

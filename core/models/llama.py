@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
 from shuili.core.models.gguf_loader import GGUFFile, read_gguf
 from shuili.core.models.gguf_tokenizer import GGUFTokenizer
+from shuili.hal import numerics
 from shuili.hal.types import Weight
 
 # model name -> (distribution that ships the file, file name inside it)
@@ -111,10 +112,10 @@ def unpermute_qk(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 def rope_tables(head_dim: int, theta: float, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin float32 [max_position, head_dim / 2], formed as transformers' Llama does (float32
-    inv_freq, float32 angle = position * inv_freq)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    angles = torch.arange(max_position, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
-    return angles.cos(), angles.sin()
+    inv_freq, float32 angle = position * inv_freq), with pow, sin and cos from `hal.numerics`, so
+    the tables have the same bits on every host."""
+    inv_freq = 1.0 / numerics.pow_f32(theta, torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    return numerics.rotary_tables(torch.arange(max_position, dtype=torch.int64), inv_freq)
 
 
 class LlamaLayer:
