@@ -3,7 +3,8 @@
 Source: the schema strings registered in `torch_npu/lib/libtorch_npu.so` of the torch-npu 2.13.0 wheel
 (see docs/platforms/ascend.md). The simulator (`sim.py`) registers exactly these strings with
 `torch.library`, so a call with a wrong keyword, a missing argument or a wrong argument type fails
-in CI the same way it would on an NPU. `tests/ascend` checks they still match the reference copy.
+in CI the same way it would on an NPU. `tests/ascend/test_schemas.py` checks they still match
+torch_npu's own dump only where ../shared/reference/torch_npu_schemas.txt exists (not in CI).
 """
 from __future__ import annotations
 

@@ -15,11 +15,6 @@ ops_check = pytest.importorskip("shuili.conformance.ops_check")
 from shuili.hal import PlatformConfig, resolve_platform  # noqa: E402
 from shuili.platforms.ascend import sim_plugin  # noqa: E402
 
-# conformance/fuzz.py gen_cache_write: for a unit whose slot is -1 the split compares the WHOLE
-# cache of the batched call with the whole cache of the call alone, which differ by the other
-# units' writes (the reference platform fails the same comparison); reported to the suite owner.
-KNOWN_SUITE_ISSUES = {"op.cache_write.batch_invariance"}
-
 
 @pytest.mark.parametrize("config", [dict(), dict(batch_invariant=True, deterministic=True)],
                          ids=["default", "batch_invariant"])
@@ -29,6 +24,6 @@ def test_op_level_conformance(config):
     reference = resolve_platform(PlatformConfig(platform="reference"))
     results = ops_check.check_ops(platform, reference, seed=20261202, cases=1)
     bad = [f"{r.name}: {r.status}: {r.message} {r.details.get('case', '')}" for r in results
-           if r.status in ("fail", "error") and r.name not in KNOWN_SUITE_ISSUES]
+           if r.status in ("fail", "error")]
     assert not bad, "\n".join(bad)
     assert sum(r.status == "pass" for r in results) >= 22

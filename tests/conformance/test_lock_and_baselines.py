@@ -7,6 +7,7 @@ import time
 import pytest
 
 from shuili.conformance import baselines
+from shuili.conformance import lock as lockmod
 from shuili.conformance.lock import HostSafeLock, LockTimeout, atomic_write
 
 
@@ -53,6 +54,75 @@ def test_lock_breaks_stale_lock_by_age(tmp_path):
     os.utime(path, (old, old))
     with HostSafeLock(path, timeout=5, stale_after=60) as lk:
         assert lk.held
+
+
+DEAD_PID = 2 ** 22 + 12345  # above the kernel's pid_max default: no such process
+
+
+def _dead_lock(path, host):
+    json.dump({"host": host, "pid": DEAD_PID, "token": "dead"}, open(path, "w"))
+
+
+def _lock_files(tmp_path, name):
+    return sorted(f for f in os.listdir(tmp_path) if f.startswith(name))
+
+
+def test_two_breakers_of_one_stale_lock_leave_one_holder(tmp_path):
+    """Both see the same dead holder; a breaks it and takes the lock before b acts on what it saw.
+    b must not break a's lock: exactly one holder."""
+    path = str(tmp_path / "r.lock")
+    a, b = HostSafeLock(path, timeout=5), HostSafeLock(path, timeout=0.5)
+    _dead_lock(path, a.host)
+    b_break, fired = b._break, []
+
+    def late(*seen):
+        if not fired:
+            fired.append(a.acquire())
+        return b_break(*seen)
+
+    b._break = late
+    with pytest.raises(LockTimeout, match=f"pid {os.getpid()}"):
+        b.acquire()
+    assert fired and a.held and not b.held
+    assert json.load(open(path))["token"] == a.token
+    assert _lock_files(tmp_path, "r.lock") == ["r.lock", os.path.basename(a._mine)]
+    a.release()
+    assert _lock_files(tmp_path, "r.lock") == []
+
+
+def test_a_breaker_holding_the_claim_excludes_the_others(tmp_path, monkeypatch):
+    """b has claimed the break of a stale lock and not yet renamed it; c, which saw the same stale
+    lock, must neither break it nor take the lock meanwhile."""
+    path = str(tmp_path / "s.lock")
+    b, c = HostSafeLock(path, timeout=5), HostSafeLock(path, timeout=0.3)
+    _dead_lock(path, b.host)
+    look, fired = lockmod._look, []
+
+    def look_after_claim(p):
+        if not fired and any(".break." in f for f in os.listdir(tmp_path)):
+            fired.append(1)
+            with pytest.raises(LockTimeout, match=f"pid {DEAD_PID}"):
+                c.acquire()
+            assert json.load(open(path))["token"] == "dead"
+        return look(p)
+
+    monkeypatch.setattr(lockmod, "_look", look_after_claim)
+    with b:
+        assert fired and b.held and not c.held
+        assert json.load(open(path))["token"] == b.token
+    assert _lock_files(tmp_path, "s.lock") == []
+
+
+def test_a_dead_breakers_claim_is_passed_over(tmp_path):
+    path = str(tmp_path / "t.lock")
+    lk = HostSafeLock(path, timeout=5)
+    _dead_lock(path, lk.host)
+    claim = lk._claim_name(lockmod._look(path), 0)
+    json.dump({"host": lk.host, "pid": DEAD_PID, "token": "crashed"}, open(claim, "w"))
+    with lk:
+        assert json.load(open(path))["token"] == lk.token
+        assert not os.path.exists(claim)
+    assert _lock_files(tmp_path, "t.lock") == []
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):

@@ -108,10 +108,12 @@ def test_linear_batch_invariant(device, fmt):
 @pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_batch_invariant_split_k(device, fmt, dtype, monkeypatch):
-    # small thresholds so K=320 is cut into 64-wide chunks (5 splits) at these small shapes
-    monkeypatch.setattr(gemm, "BI_MIN_KC", 64)
+    # small thresholds so K=320 is cut at these small shapes, into chunks of 3 and 2 BK steps: a
+    # chunk of one BK step would add the same f32 partials in the same order as no split at all,
+    # so a single row that skipped the split would go unnoticed wherever dot and add do not fuse
+    monkeypatch.setattr(gemm, "BI_MIN_KC", 128)
     monkeypatch.setattr(gemm, "BI_MIN_PROGRAMS", 64)
-    assert gemm.bi_split(40, 320) == (5, 64) and gemm.bi_split(64 * 64, 320) == (1, 320)
+    assert gemm.bi_split(40, 320) == (2, 192) and gemm.bi_split(64 * 64, 320) == (1, 320)
     w = weight(fmt, (40, 320), seed=15)
     x, bias = rnd(37, 320, seed=16).to(dtype), rnd(40, seed=17).to(dtype)
     want = REF["linear"](x.float(), on(w, "cpu", torch.float32), bias.float())
