@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
-from shuili.core.sampler import Sampler, SampleRow
-from shuili.core.scheduler import SchedulerOutput
+from shuili.core.sampler import Sampler
+from shuili.core.scheduler import SampleRow, SchedulerOutput, StepOutput
 from shuili.core.staging import Download, upload
 
 
@@ -38,11 +38,12 @@ class StepResult:
     index: dict[str, int] = field(default_factory=dict)  # request id -> sample row
     download: Download | None = None  # started when the step is launched
 
-    def to_host(self):
-        """(tokens, logprobs, bad, prompt logprobs) as lists; waits for this step only."""
+    def to_host(self) -> StepOutput:
+        """The step's results as host lists; waits for this step only."""
         if self.download is None:
             self.start_download()
-        return tuple(self.download.wait())
+        tok, lps, bad, plp = self.download.wait()
+        return StepOutput(self.sample_rows, tok, lps, bad, [(r, p) for r, p, _ in self.prompt_rows], plp)
 
     def start_download(self) -> None:
         self.download = Download([self.sampled, self.logprobs, self.bad, self.prompt_logprobs])

@@ -7,20 +7,10 @@ zeros and flagged `bad`; the engine finishes that request with an error.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from shuili.core.staging import upload
 from shuili.hal.ops import accepts
-
-
-@dataclass
-class SampleRow:
-    req: object  # Request
-    position: int  # absolute position of the token being sampled
-    logits_row: int
-    epoch: int = 0  # the request's epoch when scheduled; a stale row is dropped
 
 
 class Sampler:
@@ -36,13 +26,13 @@ class Sampler:
             self._hint_fn, self._hint_ok = fn, accepts(fn, "all_greedy") and accepts(fn, "any_filter")
         return self._hint_ok
 
-    def _in_flight_token(self, row: SampleRow, prev) -> torch.Tensor | None:
+    def _in_flight_token(self, row, prev) -> torch.Tensor | None:
         # placeholders beyond this row's own sample belong to the previous (in-flight) step
         if row.req.num_placeholders > 1:
             return prev.sampled[prev.index[row.req.request_id]]
         return None
 
-    def _penalize(self, logits: torch.Tensor, rows: list[SampleRow], prev) -> torch.Tensor:
+    def _penalize(self, logits: torch.Tensor, rows: list, prev) -> torch.Tensor:
         S, V, dev = logits.shape[0], self.V, self.device
         counts = torch.zeros(S, V, dtype=torch.int32, device=dev)
         prompt_mask = torch.zeros(S, V, dtype=torch.bool, device=dev)
@@ -58,7 +48,7 @@ class Sampler:
         freq = torch.tensor([r.req.params.frequency_penalty for r in rows], dtype=torch.float32, device=dev)
         return self.ops.apply_penalties(logits, counts, prompt_mask, rep, pres, freq)
 
-    def _mask_min_tokens(self, logits: torch.Tensor, rows: list[SampleRow], eos: tuple[int, ...]) -> torch.Tensor:
+    def _mask_min_tokens(self, logits: torch.Tensor, rows: list, eos: tuple[int, ...]) -> torch.Tensor:
         for i, r in enumerate(rows):
             p = r.req.params
             if r.req.num_pending_output - 1 < p.min_tokens:
@@ -68,7 +58,7 @@ class Sampler:
                     logits[i, banned] = float("-inf")
         return logits
 
-    def __call__(self, logits: torch.Tensor, rows: list[SampleRow], prev=None, eos: tuple[int, ...] = ()):
+    def __call__(self, logits: torch.Tensor, rows: list, prev=None, eos: tuple[int, ...] = ()):
         """logits float32 [S, V] -> (tokens int64 [S], logprobs float32 [S], bad bool [S])."""
         bad = torch.isnan(logits).any(dim=-1) | torch.isneginf(logits).all(dim=-1)
         logits = torch.where(bad[:, None], torch.zeros((), dtype=logits.dtype, device=logits.device), logits)
