@@ -13,6 +13,7 @@ import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
 from shuili.core.sampler import Sampler
+from shuili.core.request import Request
 from shuili.core.scheduler import SampleRow, SchedulerOutput, StepOutput
 from shuili.core.staging import Download, upload
 
@@ -29,11 +30,12 @@ def allocate_caches(groups: list[CacheGroupSpec], num_blocks: int, tokens_per_bl
 
 @dataclass
 class StepResult:
-    sample_rows: list[SampleRow]
-    sampled: torch.Tensor | None  # int64 [S] on the device
-    logprobs: torch.Tensor | None  # float32 [S]
-    bad: torch.Tensor | None  # bool [S]: the row's logits held NaN
-    prompt_rows: list[tuple] = field(default_factory=list)  # (request, position, logits row)
+    """A launched step: device tensors (on the way to the host) and the rows they belong to."""
+    sample_rows: list[SampleRow] = field(default_factory=list)
+    sampled: torch.Tensor | None = None  # int64 [S] on the device
+    logprobs: torch.Tensor | None = None  # float32 [S]
+    bad: torch.Tensor | None = None  # bool [S]: the row's logits held NaN
+    prompt_rows: list[tuple[Request, int]] = field(default_factory=list)  # (request, prompt position)
     prompt_logprobs: torch.Tensor | None = None  # float32 [len(prompt_rows)]
     index: dict[str, int] = field(default_factory=dict)  # request id -> sample row
     download: Download | None = None  # started when the step is launched
@@ -42,11 +44,29 @@ class StepResult:
         """The step's results as host lists; waits for this step only."""
         if self.download is None:
             self.start_download()
-        tok, lps, bad, plp = self.download.wait()
-        return StepOutput(self.sample_rows, tok, lps, bad, [(r, p) for r, p, _ in self.prompt_rows], plp)
+        tokens, logprobs, bad, prompt_logprobs = self.download.wait()
+        return StepOutput(rows=self.sample_rows, tokens=tokens, logprobs=logprobs, bad=bad,
+                          prompt_rows=self.prompt_rows, prompt_logprobs=prompt_logprobs)
 
     def start_download(self) -> None:
         self.download = Download([self.sampled, self.logprobs, self.bad, self.prompt_logprobs])
+
+
+@dataclass
+class HostStep:
+    """A step's inputs as host lists, gathered chunk by chunk (T tokens, B sequences)."""
+    input_ids: list[int] = field(default_factory=list)  # [T], -1 = placeholder
+    positions: list[int] = field(default_factory=list)  # [T]
+    query_start_loc: list[int] = field(default_factory=lambda: [0])  # [B + 1]
+    seq_lens: list[int] = field(default_factory=list)  # [B]
+    context_lens: list[int] = field(default_factory=list)  # [B]
+    logits_indices: list[int] = field(default_factory=list)  # [N]: rows whose logits are wanted
+    sample_rows: list[SampleRow] = field(default_factory=list)
+    prompt_rows: list[tuple[Request, int]] = field(default_factory=list)  # (request, prompt position)
+    prompt_logits: list[int] = field(default_factory=list)  # logits row of each prompt row
+    holes: list[tuple[int, str]] = field(default_factory=list)  # (input row, request id) filled from prev
+    tables: dict[str, list[list[int]]] = field(default_factory=dict)  # group -> [B] block tables
+    slots: dict[str, list[int]] = field(default_factory=dict)  # group -> [T] cache slots
 
 
 @dataclass
@@ -54,8 +74,8 @@ class Step:
     """One step's device inputs and the host bookkeeping that maps logits rows back to requests."""
     batch: ForwardBatch
     sample_rows: list[SampleRow]
-    prompt_rows: list[tuple]  # (request, position, logits row)
-    holes: list[tuple[int, str]]  # (input row, request id) of tokens the in-flight step samples
+    prompt_rows: list[tuple[Request, int]]
+    holes: list[tuple[int, str]]
     sample_idx: torch.Tensor  # int64 [S]: logits row of each sample row
     prompt_idx: torch.Tensor  # int64 [len(prompt_rows)]
     prompt_targets: torch.Tensor  # int64 [len(prompt_rows)]: the next prompt token
@@ -78,57 +98,65 @@ class ModelRunner:
 
     def build_batch(self, out: SchedulerOutput, prev: StepResult | None = None) -> Step:
         """ForwardBatch plus which logits rows are samples / prompt logprobs; one upload."""
-        P = self.P
-        ids, positions, qsl, seq_lens, ctx = [], [], [0], [], []
-        logits_rows, sample_rows, prompt_rows, holes = [], [], [], []
-        tables = {g.name: [] for g in self.groups}
-        slots = {g.name: [] for g in self.groups if g.kind != "compressed"}
+        h = HostStep(tables={g.name: [] for g in self.groups},
+                     slots={g.name: [] for g in self.groups if g.kind != "compressed"})
         for c in out.chunks:
-            req = c.req
-            toks = req.tokens(c.start, c.end)
-            row0 = len(ids)
-            holes += [(row0 + j, req.request_id) for j, t in enumerate(toks) if t < 0]
-            ids += toks
-            positions += range(c.start, c.end)
-            qsl.append(len(ids))
-            seq_lens.append(c.end)
-            ctx.append(c.start)
-            if req.params.prompt_logprobs:
-                for p in range(c.start, min(c.end, req.num_prompt_tokens - 1)):
-                    if req.prompt_logprobs[p] is None:
-                        logits_rows.append(row0 + p - c.start)
-                        prompt_rows.append((req, p, len(logits_rows) - 1))
-            if c.sample:
-                logits_rows.append(len(ids) - 1)
-                sample_rows.append(SampleRow(req, c.end, len(logits_rows) - 1, c.epoch))
-            for name, table in tables.items():
-                table.append(req.block_ids[name])
-            for name, slot in slots.items():
-                blocks = req.block_ids[name]
-                slot += [blocks[p // P] * P + p % P if blocks[p // P] >= 0 else -1
-                         for p in range(c.start, c.end)]
-        width = max(max((len(t) for t in tab), default=0) for tab in tables.values()) or 1
-        i64, i32 = torch.int64, torch.int32
-        names, snames = list(tables), list(slots)
-        padded = [[b for t in tables[n] for b in t + [-1] * (width - len(t))] for n in names]
-        sample_idx = [s.logits_row for s in sample_rows]
-        prompt_idx = [i for _, _, i in prompt_rows]
-        targets = [req.prompt_token_ids[p + 1] for req, p, _ in prompt_rows]
-        if holes and (prev is None or prev.sampled is None):
+            self._add_chunk(h, c)
+        if h.holes and (prev is None or prev.sampled is None):
             raise RuntimeError("a placeholder token has no step in flight to fill it")
-        hole_src = [prev.index[rid] for _, rid in holes]
-        dev = upload([(ids, i64), (positions, i64), (qsl, i32), (seq_lens, i32), (ctx, i32),
-                      (logits_rows, i64), (sample_idx, i64), (prompt_idx, i64), (targets, i64),
-                      ([r for r, _ in holes], i64), (hole_src, i64)]
-                     + [(t, i32) for t in padded] + [(slots[n], i64) for n in snames], self.device)
+        i64, i32 = torch.int64, torch.int32
+        width = max(max((len(t) for t in tab), default=0) for tab in h.tables.values()) or 1
+        arrays = {
+            "input_ids": (h.input_ids, i64), "positions": (h.positions, i64),
+            "query_start_loc": (h.query_start_loc, i32), "seq_lens": (h.seq_lens, i32),
+            "context_lens": (h.context_lens, i32), "logits_indices": (h.logits_indices, i64),
+            "sample_idx": ([r.logits_row for r in h.sample_rows], i64),
+            "prompt_idx": (h.prompt_logits, i64),
+            "prompt_targets": ([req.prompt_token_ids[p + 1] for req, p in h.prompt_rows], i64),
+            "hole_rows": ([r for r, _ in h.holes], i64),
+            "hole_src": ([prev.index[rid] for _, rid in h.holes], i64),
+        }
+        for name, tab in h.tables.items():
+            arrays["table." + name] = ([b for t in tab for b in t + [-1] * (width - len(t))], i32)
+        for name, slot in h.slots.items():
+            arrays["slots." + name] = (slot, i64)
+        dev = upload(arrays, self.device)
         batch = ForwardBatch(
-            input_ids=dev[0], positions=dev[1], query_start_loc=dev[2], seq_lens=dev[3],
-            context_lens=dev[4],
-            block_tables={n: t.view(len(out.chunks), width) for n, t in zip(names, dev[11:])},
-            slot_mapping=dict(zip(snames, dev[11 + len(names):])),
-            logits_indices=dev[5], tokens_per_block=P,
-            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens, context_lens_cpu=ctx)
-        return Step(batch, sample_rows, prompt_rows, holes, *dev[6:11])
+            input_ids=dev["input_ids"], positions=dev["positions"],
+            query_start_loc=dev["query_start_loc"], seq_lens=dev["seq_lens"],
+            context_lens=dev["context_lens"],
+            block_tables={n: dev["table." + n].view(len(out.chunks), width) for n in h.tables},
+            slot_mapping={n: dev["slots." + n] for n in h.slots},
+            logits_indices=dev["logits_indices"], tokens_per_block=self.P,
+            query_start_loc_cpu=h.query_start_loc, seq_lens_cpu=h.seq_lens, context_lens_cpu=h.context_lens)
+        return Step(batch=batch, sample_rows=h.sample_rows, prompt_rows=h.prompt_rows, holes=h.holes,
+                    sample_idx=dev["sample_idx"], prompt_idx=dev["prompt_idx"],
+                    prompt_targets=dev["prompt_targets"], hole_rows=dev["hole_rows"], hole_src=dev["hole_src"])
+
+    def _add_chunk(self, h: HostStep, c) -> None:
+        req, P = c.req, self.P
+        toks = req.tokens(c.start, c.end)
+        row0 = len(h.input_ids)
+        h.holes += [(row0 + j, req.request_id) for j, t in enumerate(toks) if t < 0]
+        h.input_ids += toks
+        h.positions += range(c.start, c.end)
+        h.query_start_loc.append(len(h.input_ids))
+        h.seq_lens.append(c.end)
+        h.context_lens.append(c.start)
+        if req.params.prompt_logprobs:
+            for p in range(c.start, min(c.end, req.num_prompt_tokens - 1)):
+                if req.prompt_logprobs[p] is None:
+                    h.prompt_logits.append(len(h.logits_indices))
+                    h.logits_indices.append(row0 + p - c.start)
+                    h.prompt_rows.append((req, p))
+        if c.sample:
+            h.sample_rows.append(SampleRow(req, c.end, len(h.logits_indices), c.epoch))
+            h.logits_indices.append(len(h.input_ids) - 1)
+        for name, table in h.tables.items():
+            table.append(req.block_ids[name])
+        for name, slot in h.slots.items():
+            blocks = req.block_ids[name]
+            slot += [blocks[p // P] * P + p % P if blocks[p // P] >= 0 else -1 for p in range(c.start, c.end)]
 
     def execute(self, out: SchedulerOutput, prev: StepResult | None = None) -> StepResult:
         step = self.build_batch(out, prev)
@@ -137,7 +165,7 @@ class ModelRunner:
             batch.input_ids[step.hole_rows] = prev.sampled[step.hole_src]
         if batch.logits_indices.numel() == 0:
             self.model.forward(batch)
-            return StepResult(sample_rows, None, None, None)
+            return StepResult(sample_rows=sample_rows)
         logits = None
         decode = not prompt_rows and len(sample_rows) == len(out.chunks) == batch.num_tokens
         if self.graphs is not None and decode and self.graphs.accepts(batch):
@@ -147,7 +175,7 @@ class ModelRunner:
         if logits.shape[0] != batch.logits_indices.shape[0]:
             raise RuntimeError(f"model returned {logits.shape[0]} logits rows, expected "
                                f"{batch.logits_indices.shape[0]} (one per logits_indices entry)")
-        res = StepResult(sample_rows, None, None, None, prompt_rows)
+        res = StepResult(sample_rows=sample_rows, prompt_rows=prompt_rows)
         if sample_rows:
             res.sampled, res.logprobs, res.bad = self.sampler(logits[step.sample_idx], sample_rows, prev,
                                                             eos=tuple(self.model.tokenizer.eos_token_ids))

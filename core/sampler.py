@@ -73,10 +73,11 @@ class Sampler:
         hints = {}
         if self._takes_hints():  # known on the host: the op need not read its tensors back (a sync)
             hints = {"all_greedy": all(p.greedy for p in ps), "any_filter": any(p.has_filter for p in ps)}
-        tokens = self.ops.sample(proc, *upload([
-            ([p.temperature for p in ps], f32), ([p.top_k for p in ps], torch.int32),
-            ([p.top_p for p in ps], f32), ([p.min_p for p in ps], f32),
-            ([r.req.seed for r in rows], torch.int64), ([r.position for r in rows], torch.int64)],
-            self.device), **hints)
+        dev = upload({
+            "temperature": ([p.temperature for p in ps], f32), "top_k": ([p.top_k for p in ps], torch.int32),
+            "top_p": ([p.top_p for p in ps], f32), "min_p": ([p.min_p for p in ps], f32),
+            "seeds": ([r.req.seed for r in rows], torch.int64),
+            "positions": ([r.position for r in rows], torch.int64)}, self.device)
+        tokens = self.ops.sample(proc, **dev, **hints)
         lps = raw_lp.gather(1, tokens[:, None])[:, 0]
         return tokens, lps, bad

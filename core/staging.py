@@ -10,20 +10,20 @@ so a fresh buffer per step is safe.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 ALIGN = 8
 
 
-def upload(arrays: Sequence[tuple[Sequence, torch.dtype]], device: str | torch.device) -> list[torch.Tensor]:
-    """[(values, dtype), ...] -> the same arrays as 1-D tensors on `device`, in order."""
+def upload(arrays: Mapping[str, tuple[Sequence, torch.dtype]], device: str | torch.device) -> dict[str, torch.Tensor]:
+    """{name: (values, dtype)} -> {name: 1-D tensor on `device`}."""
     dev = torch.device(device)
     if dev.type != "cuda":
-        return [torch.tensor(list(v), dtype=dt, device=dev) for v, dt in arrays]
-    buf, views = pack(arrays, pin=True)
-    return unpack(buf.to(dev, non_blocking=True), views)
+        return {k: torch.tensor(list(v), dtype=dt, device=dev) for k, (v, dt) in arrays.items()}
+    buf, views = pack(list(arrays.values()), pin=True)
+    return dict(zip(arrays, unpack(buf.to(dev, non_blocking=True), views)))
 
 
 def pack(arrays: Sequence[tuple[Sequence, torch.dtype]], pin: bool = False):

@@ -10,6 +10,7 @@ ARRAYS = [([1, -2, 2**62], torch.int64), ([], torch.int64), ([7, -1, 3], torch.i
 
 
 def check(got):
+    got = list(got.values()) if isinstance(got, dict) else got
     assert len(got) == len(ARRAYS)
     for t, (v, dt) in zip(got, ARRAYS):
         assert t.dtype == dt and torch.equal(t.cpu(), torch.tensor(v, dtype=dt))
@@ -24,14 +25,14 @@ def test_pack_roundtrip_and_alignment():
 
 
 def test_upload_cpu():
-    check(upload(ARRAYS, "cpu"))
+    check(upload(dict(enumerate(ARRAYS)), "cpu"))
 
 
 def test_upload_cuda():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    got = upload(ARRAYS, "cuda")
-    assert all(t.is_cuda for t in got)
+    got = upload(dict(enumerate(ARRAYS)), "cuda")
+    assert all(t.is_cuda for t in got.values())
     check(got)
 
 
