@@ -340,7 +340,7 @@ def sample(
     nucleus (cumulative float64 sum of p in that rank order; the token that crosses top_p is kept);
     p < min_p * p_max with p_max the overall top probability;
     token = argmax(lp + gumbel) over the kept tokens, ties to the lowest id, where
-    gumbel = -log(-log(u)) in float64 and u = `shuili.core.noise.uniform(seed, position, id)`,
+    gumbel = -log(-log(u)) in float64 and u = `shuili.hal.noise.uniform(seed, position, id)`,
     a counter-based hash strictly inside (0, 1). Returns int64 [B].
     Host hints (HAL 1.2, keyword-only, optional for implementations; the caller passes them only
     to an implementation that names them): all_greedy=True promises every temperature is 0;

@@ -16,17 +16,11 @@ import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
 from shuili.core.models.deepseek_v4_config import V4Config
-
-_ROW_BYTES = {"mxfp8": lambda d: d + d // 32, "fp4_e4m3": lambda d: d // 2 + d // 16,
-              "mxfp4": lambda d: d // 2 + d // 32}
-
-
-def row_bytes(fmt: str, dim: int) -> int:
-    return _ROW_BYTES[fmt](dim)
+from shuili.hal.formats import bytes_per_row
 
 
 def _entry(fmt: str, dim: int, dtype: str) -> tuple[tuple[int, ...], str]:
-    return ((dim,), dtype) if fmt == "none" else ((row_bytes(fmt, dim),), "uint8")
+    return ((dim,), dtype) if fmt == "none" else ((bytes_per_row(fmt, dim),), "uint8")
 
 
 def state_width(cfg: V4Config, kind: str) -> int:

@@ -15,7 +15,7 @@ import torch
 from shuili.hal.types import Weight
 from shuili.platforms.ascend.host import on_host, took
 from shuili.platforms.ascend.norm_rope import silu
-from shuili.platforms.reference.numerics import tree_sum
+from shuili.platforms.reference.public import tree_sum
 
 TILE = 16  # batch-invariant mode: every matmul has exactly TILE rows
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -54,7 +54,7 @@ def dense_weight(w: Weight, dtype: torch.dtype) -> torch.Tensor:
         return w.data if w.data.dtype == dtype else w.data.to(dtype)
     per = _DENSE.setdefault(w, {})
     if dtype not in per:
-        from shuili.platforms.reference.quant import dequantize_weight
+        from shuili.platforms.reference.public import dequantize_weight
 
         per[dtype] = dequantize_weight(w).to(dtype).contiguous()
     return per[dtype]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from shuili.platforms.ascend.host import on_host, took
-from shuili.platforms.reference.rope import check_rope_args
+from shuili.platforms.reference.public import check_rope_args
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -14,7 +14,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     the tensor, so the reference's position-independent recipe is used there; NPU vector units
     apply one instruction sequence to every element, so torch's kernel is used on the device."""
     if x.device.type == "cpu":
-        from shuili.platforms.reference.numerics import silu as exact_silu
+        from shuili.platforms.reference.public import silu as exact_silu
 
         return exact_silu(x)
     return torch.nn.functional.silu(x)

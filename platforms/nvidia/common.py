@@ -63,4 +63,4 @@ def key_ids(key: torch.Tensor) -> torch.Tensor:
 
 # the reference's fixed pairwise tree, pure torch, so it runs on the GPU unchanged and gives the
 # same association as the reference for every width
-from shuili.platforms.reference.numerics import tree_sum  # noqa: E402,F401
+from shuili.platforms.reference.public import tree_sum  # noqa: E402,F401

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from shuili.core import noise
+from shuili.hal import noise
 from shuili.platforms.reference import numerics
 
 
