@@ -50,7 +50,7 @@ class Engine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, config.policy, self.eos, self.tokenizer.decode)
         self.runner = ModelRunner(model, self.ops, groups, self.num_blocks, P, self.device,
-                                  self._graphs(model, groups, P))
+                                  self._graphs(model, groups, P), self.platform.transfer)
         self._inflight: tuple[SchedulerOutput, StepResult] | None = None
         self._ids = itertools.count()
         self.num_steps = 0

@@ -15,7 +15,7 @@ from shuili.core.model_api import CacheGroupSpec, ForwardBatch
 from shuili.core.sampler import Sampler
 from shuili.core.request import Request
 from shuili.core.scheduler import SampleRow, SchedulerOutput, StepOutput
-from shuili.core.staging import Download, upload
+from shuili.hal.transfer import HostTransfer, Pending, Transfer
 
 
 def allocate_caches(groups: list[CacheGroupSpec], num_blocks: int, tokens_per_block: int,
@@ -38,18 +38,13 @@ class StepResult:
     prompt_rows: list[tuple[Request, int]] = field(default_factory=list)  # (request, prompt position)
     prompt_logprobs: torch.Tensor | None = None  # float32 [len(prompt_rows)]
     index: dict[str, int] = field(default_factory=dict)  # request id -> sample row
-    download: Download | None = None  # started when the step is launched
+    download: Pending | None = None  # started when the step is launched
 
     def to_host(self) -> StepOutput:
         """The step's results as host lists; waits for this step only."""
-        if self.download is None:
-            self.start_download()
         tokens, logprobs, bad, prompt_logprobs = self.download.wait()
         return StepOutput(rows=self.sample_rows, tokens=tokens, logprobs=logprobs, bad=bad,
                           prompt_rows=self.prompt_rows, prompt_logprobs=prompt_logprobs)
-
-    def start_download(self) -> None:
-        self.download = Download([self.sampled, self.logprobs, self.bad, self.prompt_logprobs])
 
 
 @dataclass
@@ -85,8 +80,9 @@ class Step:
 
 class ModelRunner:
     def __init__(self, model, ops, groups: list[CacheGroupSpec], num_blocks: int,
-                 tokens_per_block: int, device: str = "cpu", graphs=None):
+                 tokens_per_block: int, device: str = "cpu", graphs=None, transfer: Transfer | None = None):
         self.model = model
+        self.transfer = transfer or HostTransfer()  # the platform's host <-> device copies
         self.graphs = graphs  # DecodeGraphs or None (eager)
         self.ops = ops
         self.groups = groups
@@ -94,7 +90,7 @@ class ModelRunner:
         self.device = device
         self.caches = allocate_caches(groups, num_blocks, tokens_per_block, device)
         model.bind_caches(self.caches, tokens_per_block)
-        self.sampler = Sampler(ops, model.vocab_size, device)
+        self.sampler = Sampler(ops, model.vocab_size, device, self.transfer)
 
     def build_batch(self, out: SchedulerOutput, prev: StepResult | None = None) -> Step:
         """ForwardBatch plus which logits rows are samples / prompt logprobs; one upload."""
@@ -120,7 +116,7 @@ class ModelRunner:
             arrays["table." + name] = ([b for t in tab for b in t + [-1] * (width - len(t))], i32)
         for name, slot in h.slots.items():
             arrays["slots." + name] = (slot, i64)
-        dev = upload(arrays, self.device)
+        dev = self.transfer.upload(arrays, self.device)
         batch = ForwardBatch(
             input_ids=dev["input_ids"], positions=dev["positions"],
             query_start_loc=dev["query_start_loc"], seq_lens=dev["seq_lens"],
@@ -165,7 +161,7 @@ class ModelRunner:
             batch.input_ids[step.hole_rows] = prev.sampled[step.hole_src]
         if batch.logits_indices.numel() == 0:
             self.model.forward(batch)
-            return StepResult(sample_rows=sample_rows)
+            return self._launched(StepResult(sample_rows=sample_rows))
         logits = None
         decode = not prompt_rows and len(sample_rows) == len(out.chunks) == batch.num_tokens
         if self.graphs is not None and decode and self.graphs.accepts(batch):
@@ -183,5 +179,8 @@ class ModelRunner:
         if prompt_rows:
             lp = self.ops.log_softmax(logits[step.prompt_idx])
             res.prompt_logprobs = lp.gather(1, step.prompt_targets[:, None])[:, 0]
-        res.start_download()
+        return self._launched(res)
+
+    def _launched(self, res: StepResult) -> StepResult:
+        res.download = self.transfer.download([res.sampled, res.logprobs, res.bad, res.prompt_logprobs])
         return res

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from shuili.core.staging import upload
 from shuili.hal.ops import accepts
+from shuili.hal.transfer import HostTransfer
 
 
 class Sampler:
-    def __init__(self, ops, vocab_size: int, device: str = "cpu"):
+    def __init__(self, ops, vocab_size: int, device: str = "cpu", transfer=None):
         self.ops = ops
         self.V = vocab_size
         self.device = device
+        self.transfer = transfer or HostTransfer()
         self._hint_fn, self._hint_ok = None, False
 
     def _takes_hints(self) -> bool:
@@ -73,7 +74,7 @@ class Sampler:
         hints = {}
         if self._takes_hints():  # known on the host: the op need not read its tensors back (a sync)
             hints = {"all_greedy": all(p.greedy for p in ps), "any_filter": any(p.has_filter for p in ps)}
-        dev = upload({
+        dev = self.transfer.upload({
             "temperature": ([p.temperature for p in ps], f32), "top_k": ([p.top_k for p in ps], torch.int32),
             "top_p": ([p.top_p for p in ps], f32), "min_p": ([p.min_p for p in ps], f32),
             "seeds": ([r.req.seed for r in rows], torch.int64),

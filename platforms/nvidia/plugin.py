@@ -133,3 +133,12 @@ def shuili_platform_graph_capture(platform, config):
     from shuili.platforms.nvidia.graphs import Capturer
 
     return Capturer()
+
+
+@hookimpl
+def shuili_platform_transfer(platform, config):
+    if platform != NAME:
+        return None
+    from shuili.platforms.nvidia.transfer import CudaTransfer
+
+    return CudaTransfer()
