@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
-from shuili.core.sampler import Sampler
-from shuili.core.request import Request
+from shuili.core.request import Request, stop_ids
+from shuili.core.sampler import Penalties, Sampler, SamplingBatch
 from shuili.core.scheduler import SampleRow, SchedulerOutput, StepOutput
 from shuili.hal.transfer import HostTransfer, Pending, Transfer
 
@@ -76,6 +76,9 @@ class Step:
     prompt_targets: torch.Tensor  # int64 [len(prompt_rows)]: the next prompt token
     hole_rows: torch.Tensor  # int64 [len(holes)]
     hole_src: torch.Tensor  # int64 [len(holes)]: row of prev.sampled that fills it
+    sampling: SamplingBatch | None  # None: nothing is sampled
+    fill_at: torch.Tensor | None = None  # int64: in-flight tokens in sampling.penalties.output_ids
+    fill_src: torch.Tensor | None = None  # int64: row of prev.sampled that fills each
 
 
 class ModelRunner:
@@ -90,7 +93,8 @@ class ModelRunner:
         self.device = device
         self.caches = allocate_caches(groups, num_blocks, tokens_per_block, device)
         model.bind_caches(self.caches, tokens_per_block)
-        self.sampler = Sampler(ops, model.vocab_size, device, self.transfer)
+        self.sampler = Sampler(ops, model.vocab_size)
+        self.eos = tuple(model.tokenizer.eos_token_ids)
 
     def build_batch(self, out: SchedulerOutput, prev: StepResult | None = None) -> Step:
         """ForwardBatch plus which logits rows are samples / prompt logprobs; one upload."""
@@ -116,6 +120,7 @@ class ModelRunner:
             arrays["table." + name] = ([b for t in tab for b in t + [-1] * (width - len(t))], i32)
         for name, slot in h.slots.items():
             arrays["slots." + name] = (slot, i64)
+        flags = self._sampling_arrays(arrays, h.sample_rows, prev)
         dev = self.transfer.upload(arrays, self.device)
         batch = ForwardBatch(
             input_ids=dev["input_ids"], positions=dev["positions"],
@@ -127,7 +132,29 @@ class ModelRunner:
             query_start_loc_cpu=h.query_start_loc, seq_lens_cpu=h.seq_lens, context_lens_cpu=h.context_lens)
         return Step(batch=batch, sample_rows=h.sample_rows, prompt_rows=h.prompt_rows, holes=h.holes,
                     sample_idx=dev["sample_idx"], prompt_idx=dev["prompt_idx"],
-                    prompt_targets=dev["prompt_targets"], hole_rows=dev["hole_rows"], hole_src=dev["hole_src"])
+                    prompt_targets=dev["prompt_targets"], hole_rows=dev["hole_rows"], hole_src=dev["hole_src"],
+                    sampling=_sampling_batch(dev, flags) if h.sample_rows else None,
+                    fill_at=dev.get("pen.fill_at"), fill_src=dev.get("pen.fill_src"))
+
+    def _sampling_arrays(self, arrays: dict, rows: list[SampleRow], prev: StepResult | None) -> dict:
+        """Adds the rows' sampling inputs to the step's upload; returns the host flags."""
+        f32, i32, i64 = torch.float32, torch.int32, torch.int64
+        ps = [r.req.params for r in rows]
+        arrays.update({
+            "s.temperature": ([p.temperature for p in ps], f32), "s.top_k": ([p.top_k for p in ps], i32),
+            "s.top_p": ([p.top_p for p in ps], f32), "s.min_p": ([p.min_p for p in ps], f32),
+            "s.seeds": ([r.req.seed for r in rows], i64), "s.positions": ([r.position for r in rows], i64)})
+        flags = {"all_greedy": all(p.greedy for p in ps), "any_filter": any(p.has_filter for p in ps),
+                 "penalties": any(p.has_penalties for p in ps), "banned": False}
+        if flags["penalties"]:
+            arrays.update(_penalty_arrays(rows, prev))
+        if any(p.min_tokens for p in ps):
+            pairs = [(i, t) for i, r in enumerate(rows) if not r.req.may_stop(r.req.num_pending_output - 1)
+                     for t in stop_ids(r.req.params, self.eos) if 0 <= t < self.sampler.V]
+            flags["banned"] = bool(pairs)
+            arrays["ban.rows"] = ([i for i, _ in pairs], i64)
+            arrays["ban.ids"] = ([t for _, t in pairs], i64)
+        return flags
 
     def _add_chunk(self, h: HostStep, c) -> None:
         req, P = c.req, self.P
@@ -159,6 +186,8 @@ class ModelRunner:
         batch, sample_rows, prompt_rows = step.batch, step.sample_rows, step.prompt_rows
         if step.holes:
             batch.input_ids[step.hole_rows] = prev.sampled[step.hole_src]
+        if step.fill_at is not None and step.fill_at.numel():
+            step.sampling.penalties.output_ids[step.fill_at] = prev.sampled[step.fill_src]
         if batch.logits_indices.numel() == 0:
             self.model.forward(batch)
             return self._launched(StepResult(sample_rows=sample_rows))
@@ -173,8 +202,8 @@ class ModelRunner:
                                f"{batch.logits_indices.shape[0]} (one per logits_indices entry)")
         res = StepResult(sample_rows=sample_rows, prompt_rows=prompt_rows)
         if sample_rows:
-            res.sampled, res.logprobs, res.bad = self.sampler(logits[step.sample_idx], sample_rows, prev,
-                                                            eos=tuple(self.model.tokenizer.eos_token_ids))
+            sampled = self.sampler(logits[step.sample_idx], step.sampling)
+            res.sampled, res.logprobs, res.bad = sampled.tokens, sampled.logprobs, sampled.bad
             res.index = {s.req.request_id: i for i, s in enumerate(sample_rows)}
         if prompt_rows:
             lp = self.ops.log_softmax(logits[step.prompt_idx])
@@ -184,3 +213,43 @@ class ModelRunner:
     def _launched(self, res: StepResult) -> StepResult:
         res.download = self.transfer.download([res.sampled, res.logprobs, res.bad, res.prompt_logprobs])
         return res
+
+
+def _penalty_arrays(rows: list[SampleRow], prev: StepResult | None) -> dict:
+    """Each row's generated and prompt tokens as (row, id) pairs. A token the in-flight step is
+    sampling (a second placeholder) is a 0 here, filled on the device from prev.sampled."""
+    f32, i64 = torch.float32, torch.int64
+    out_rows, out_ids, fill_at, fill_src, prompt_rows, prompt_ids = [], [], [], [], [], []
+    for i, r in enumerate(rows):
+        req = r.req
+        out_rows += [i] * len(req.output_token_ids)
+        out_ids += req.output_token_ids
+        if req.num_placeholders > 1:
+            fill_at.append(len(out_ids))
+            fill_src.append(prev.index[req.request_id])
+            out_rows.append(i)
+            out_ids.append(0)
+        prompt_rows += [i] * req.num_prompt_tokens
+        prompt_ids += req.prompt_token_ids
+    ps = [r.req.params for r in rows]
+    return {"pen.repetition": ([p.repetition_penalty for p in ps], f32),
+            "pen.presence": ([p.presence_penalty for p in ps], f32),
+            "pen.frequency": ([p.frequency_penalty for p in ps], f32),
+            "pen.output_rows": (out_rows, i64), "pen.output_ids": (out_ids, i64),
+            "pen.prompt_rows": (prompt_rows, i64), "pen.prompt_ids": (prompt_ids, i64),
+            "pen.fill_at": (fill_at, i64), "pen.fill_src": (fill_src, i64)}
+
+
+def _sampling_batch(dev: dict[str, torch.Tensor], flags: dict) -> SamplingBatch:
+    penalties = None
+    if flags["penalties"]:
+        penalties = Penalties(
+            repetition=dev["pen.repetition"], presence=dev["pen.presence"], frequency=dev["pen.frequency"],
+            output_rows=dev["pen.output_rows"], output_ids=dev["pen.output_ids"],
+            prompt_rows=dev["pen.prompt_rows"], prompt_ids=dev["pen.prompt_ids"])
+    banned = flags["banned"]
+    return SamplingBatch(
+        temperature=dev["s.temperature"], top_k=dev["s.top_k"], top_p=dev["s.top_p"], min_p=dev["s.min_p"],
+        seeds=dev["s.seeds"], positions=dev["s.positions"], all_greedy=flags["all_greedy"],
+        any_filter=flags["any_filter"], penalties=penalties,
+        banned_rows=dev["ban.rows"] if banned else None, banned_ids=dev["ban.ids"] if banned else None)

@@ -414,6 +414,23 @@ def accepts(fn: Callable, keyword: str) -> bool:
     return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def with_hints(name: str, fn: Callable) -> Callable:
+    """fn, or a wrapper that drops the contract hints fn does not name, so every caller may pass
+    them. Decided once, when the platform is resolved, not by inspecting fn on every call."""
+    dropped = tuple(h for h in OP_SPECS[name].hints if not accepts(fn, h))
+    if not dropped:
+        return fn
+
+    def adapted(*args, **kwargs):
+        for h in dropped:
+            kwargs.pop(h, None)
+        return fn(*args, **kwargs)
+
+    adapted.__name__ = getattr(fn, "__name__", name)
+    adapted.__doc__ = getattr(fn, "__doc__", None)
+    return adapted
+
+
 def check_signature(name: str, fn: Callable) -> str | None:
     """None when fn accepts the contract's parameters by name, else the problem in words."""
     spec = OP_SPECS[name]
