@@ -125,8 +125,8 @@ class Engine:
                              "expands n into requests with seeds seed, seed+1, ...")
         ids = self.tokenize(prompt, apply_chat_template)
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        req = Request(request_id, ids, params, seed, 0, priority, prompt if isinstance(prompt, str) else None)
-        self._check_fits(req)
+        req = Request("", ids, params, seed, 0, priority, prompt if isinstance(prompt, str) else None)
+        self._check_fits(req)  # before an id or an arrival number is used up
         req.request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         req.arrival = self.scheduler.next_arrival()
         req.t_arrival = time.perf_counter()
