@@ -1,8 +1,8 @@
 """Scheduler micro-benchmark: µs per Scheduler.schedule() with N running decode requests.
 
 Times are thread CPU time (time.thread_time), so a loaded machine inflates them less than wall
-time; wall time is printed beside. No model: a fake runner resolves every sample to a fixed token and publishes finished blocks,
-as the engine would. Each request has a 32-token prompt and never finishes within the run, so
+time; wall time is printed beside. No model: every sample resolves to a fixed token, through
+Scheduler.update as the engine's would. Each request has a 32-token prompt and never finishes within the run, so
 every step schedules N decode tokens (budget and max_num_seqs = N; blocks are plentiful).
 
     python benchmarks/scheduler_bench.py [--sizes 10 100 1000 10000] [--steps 50] [--json]
@@ -17,7 +17,7 @@ from shuili.core.kv_cache import KVCacheManager
 from shuili.core.model_api import CacheGroupSpec
 from shuili.core.request import Request
 from shuili.core.sampling_params import SamplingParams
-from shuili.core.scheduler import Scheduler
+from shuili.core.scheduler import Scheduler, SampleRow, StepOutput
 
 P = 16
 PROMPT = 32
@@ -26,11 +26,8 @@ GROUPS = [CacheGroupSpec(name="full", kind="full", layers=(0,), entry_shape=(1,)
 
 
 def fake_update(s: Scheduler, out) -> None:
-    for c in out.chunks:
-        s.kv.publish(c.req, c.end)
-        if c.sample:
-            c.req.num_placeholders -= 1
-            c.req.output_token_ids.append(7)
+    rows = [SampleRow(c.req, c.end, i, c.epoch) for i, c in enumerate(c for c in out.chunks if c.sample)]
+    s.update(out, StepOutput(rows, [7] * len(rows), [0.0] * len(rows), [False] * len(rows)))
 
 
 def bench(n: int, steps: int) -> dict:

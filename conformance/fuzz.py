@@ -15,12 +15,11 @@ from typing import Any, Callable
 
 import torch
 
+from shuili.hal.formats import KV_FORMATS, WEIGHT_FORMATS, bytes_per_row
 from shuili.hal.ops import OP_NAMES
 from shuili.hal.types import Weight
 
 BOUNDARY_SIZES = (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
-WEIGHT_FORMATS = ("dense", "fp8_block128", "mxfp4")
-KV_FORMATS = ("mxfp8", "fp4_e4m3", "mxfp4")
 
 Select = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
@@ -37,16 +36,6 @@ class Case:
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.params.items())
-
-
-def bytes_per_row(fmt: str, dim: int) -> int:
-    if fmt == "mxfp8":
-        return dim + dim // 32
-    if fmt == "fp4_e4m3":
-        return dim // 2 + dim // 16
-    if fmt == "mxfp4":
-        return dim // 2 + dim // 32
-    raise ValueError(f"unknown KV format {fmt!r}; the contract has {KV_FORMATS}")
 
 
 # ---------------------------------------------------------------------------------------- helpers

@@ -268,7 +268,7 @@ def _one_ulp(fn: Callable) -> Callable:
 
 def _row_count_dependent_linear(x, w, bias=None):
     # the naive-vendor GEMM: a plain matmul, whose kernel (and bits) depend on the row count
-    from shuili.platforms.reference.quant import dequantize_weight
+    from shuili.platforms.reference.public import dequantize_weight
 
     wf = w.data.float() if w.format == "dense" else dequantize_weight(w)
     y = x.float() @ wf.t()

@@ -1,8 +1,10 @@
-"""Engine: add_request / step / abort / has_unfinished over scheduler, KV manager and runner.
+"""Engine: add_request / step / abort / has_unfinished; a step is schedule -> run -> update.
 
-step(), synchronous: schedule N, run N, process N.
+The scheduler owns requests, the KV manager and every result (`Scheduler.update`); the runner
+owns the device. The engine only loops and never applies a result itself.
+step(), synchronous: schedule N, run N, update N.
 step(), overlap: schedule N+1 and launch it (its placeholders are filled on the device from N's
-samples), then read back and process N. On an asynchronous device the host work of N+1 hides
+samples), then read back and update N. On an asynchronous device the host work of N+1 hides
 behind N's compute; on the CPU reference platform it runs in the same order, so the two modes
 must give identical bits (a test checks).
 """
@@ -16,17 +18,13 @@ import time
 from shuili.core.config import EngineConfig
 from shuili.core.kv_cache import KVCacheManager
 from shuili.core.outputs import RequestOutput
-from shuili.core.request import Request, Status
+from shuili.core.request import Request
 from shuili.core.runner import ModelRunner, StepResult
 from shuili.core.sampling_params import SamplingParams
 from shuili.core.scheduler import Scheduler, SchedulerOutput
 from shuili.hal import resolve_platform
 
 log = logging.getLogger("shuili.engine")
-
-NAN_ERROR = ("the model produced NaN (or all -inf) logits for this request (a numerical fault in the model, its "
-             "weights or its dtype); it was stopped and its KV blocks freed. Check the checkpoint and "
-             "dtype; other requests are unaffected")
 
 
 class Engine:
@@ -47,14 +45,14 @@ class Engine:
         groups = model.cache_groups()
         P = config.tokens_per_block
         self.num_blocks = config.num_blocks or self._blocks_from_budget(groups, P)
+        self.eos = tuple(self.tokenizer.eos_token_ids)
         self.kv = KVCacheManager(groups, self.num_blocks, P, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len, config.policy)
+                                   self.max_model_len, config.policy, self.eos, self.tokenizer.decode)
         self.runner = ModelRunner(model, self.ops, groups, self.num_blocks, P, self.device,
-                                  self._graphs(model, groups, P))
+                                  self._graphs(model, groups, P), self.platform.transfer)
         self._inflight: tuple[SchedulerOutput, StepResult] | None = None
         self._ids = itertools.count()
-        self.eos = tuple(self.tokenizer.eos_token_ids)
         self.num_steps = 0
         self.schedule_seconds = 0.0  # thread CPU time inside Scheduler.schedule (bench reports it per step)
 
@@ -101,15 +99,15 @@ class Engine:
                              "valid ids for this model's vocabulary")
         return ids
 
-    def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
+    def _check_fits(self, req: Request) -> None:
+        ids = req.prompt_token_ids
         if not ids:
             raise ValueError("empty prompt: it tokenized to no tokens; give a non-empty prompt")
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens but max_model_len is {self.max_model_len} "
                              "(prompt + at least one generated token must fit); shorten the prompt or "
                              "raise max_model_len")
-        total = len(ids) + (params.max_tokens or self.max_model_len)
-        need = -(-min(total, self.max_model_len) // self.kv.P)
+        need = -(-req.token_limit(self.max_model_len) // self.kv.P)
         if need > self.num_blocks:
             raise ValueError(f"the request needs up to {need} KV blocks but the cache has "
                              f"{self.num_blocks} per group; lower max_tokens or raise num_blocks / "
@@ -126,21 +124,18 @@ class Engine:
             raise ValueError(f"Engine.add_request takes n=1 (got n={params.n}); LLM.generate "
                              "expands n into requests with seeds seed, seed+1, ...")
         ids = self.tokenize(prompt, apply_chat_template)
-        self._check_fits(ids, params)
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        req = Request(rid, ids, params, seed, self.scheduler.next_arrival(), priority,
-                      prompt if isinstance(prompt, str) else None)
+        req = Request("", ids, params, seed, 0, priority, prompt if isinstance(prompt, str) else None)
+        self._check_fits(req)  # before an id or an arrival number is used up
+        req.request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        req.arrival = self.scheduler.next_arrival()
         req.t_arrival = time.perf_counter()
         self.scheduler.add(req)
         return req
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.scheduler.abort(request_id)
-        if req is None:
-            return None
-        req.t_finish = time.perf_counter()
-        return self.output(req)
+        return None if req is None else self.output(req)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
@@ -156,79 +151,23 @@ class Engine:
         t0 = time.thread_time()
         out = self.scheduler.schedule()
         self.schedule_seconds += time.thread_time() - t0
-        if not out and not out.preempted and not self._inflight and not self.scheduler.running:
-            self._unblock()
         prev = self._inflight[1] if self._inflight else None
-        res = self._launch(out, prev) if out else None
+        res = self._run(out, prev) if out else None
         if not self.config.overlap:
-            touched = self._process(out, res) if res is not None else []
-        else:
-            touched = self._process(*self._inflight) if self._inflight else []
-            self._inflight = (out, res) if res is not None else None
-        return touched
+            return self._update(out, res)
+        done, self._inflight = self._inflight, (out, res) if res is not None else None
+        return self._update(*done) if done else []
 
-    def _unblock(self) -> None:
-        # nothing runs and the head of the queue still cannot get blocks: it never will
-        req = self.scheduler.waiting.peek()
-        if req is not None:
-            self._finish(req, "error", f"the request cannot get KV blocks even with an empty engine "
-                         f"({self.num_blocks} per group); raise num_blocks / kv_cache_bytes")
-
-    def _launch(self, out: SchedulerOutput, prev: StepResult | None) -> StepResult | None:
+    def _run(self, out: SchedulerOutput, prev: StepResult | None) -> StepResult | None:
         try:
             return self.runner.execute(out, prev)
         except Exception as exc:  # a model fault fails this step's requests, not the engine
             log.exception("model step failed")
-            for c in out.chunks:
-                if not c.req.finished:
-                    self._finish(c.req, "error", f"model forward failed: {type(exc).__name__}: {exc}")
+            self.scheduler.fail(out, f"model forward failed: {type(exc).__name__}: {exc}")
             return None
 
-    def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
-        req.t_finish = time.perf_counter()
-        self.scheduler.finish(req, reason, error)
-
-    def _process(self, out: SchedulerOutput, res: StepResult) -> list[Request]:
-        tok, lps, bad, plp = res.to_host()
-        for (req, p, _), v in zip(res.prompt_rows, plp):
-            req.prompt_logprobs[p] = v
-        for c in out.chunks:
-            if self.scheduler.chunk_is_current(c):
-                self.kv.publish(c.req, c.end)
-        touched = []
-        for i, row in enumerate(res.sample_rows):
-            req = row.req
-            if req.epoch != row.epoch or req.status is not Status.RUNNING:
-                continue  # preempted, aborted or finished since it was scheduled
-            req.num_placeholders -= 1
-            if bad[i]:
-                self._finish(req, "error", NAN_ERROR)
-            else:
-                self._append(req, tok[i], lps[i])
-            touched.append(req)
-        return touched
-
-    def _append(self, req: Request, token: int, logprob: float) -> None:
-        if not req.output_token_ids:
-            req.t_first_token = time.perf_counter()
-        req.output_token_ids.append(token)
-        p = req.params
-        if p.logprobs:
-            req.logprobs.append(logprob)
-        n = len(req.output_token_ids)
-        if n >= p.min_tokens and (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos)):
-            self._finish(req, "stop")
-        elif p.stop and self._match_stop(req):
-            self._finish(req, "stop")
-        elif (p.max_tokens is not None and n >= p.max_tokens) or req.num_real_tokens >= self.max_model_len:
-            self._finish(req, "length")
-
-    def _match_stop(self, req: Request) -> bool:
-        text = self.tokenizer.decode(req.output_token_ids)
-        hits = [k for k in (text.find(s) for s in req.params.stop) if k >= 0]
-        if hits:
-            req.stop_text_len = min(hits)
-        return bool(hits)
+    def _update(self, out: SchedulerOutput, res: StepResult | None) -> list[Request]:
+        return [] if res is None else self.scheduler.update(out, res.to_host())
 
     # ------------------------------------------------------------------------------- output
     def text(self, req: Request) -> str:

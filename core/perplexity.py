@@ -103,12 +103,12 @@ def engine_perplexity(llm, samples: list[TextSample]) -> list[PerplexityResult]:
     return results
 
 
-def direct_logprobs(model, ops, ids: list[int], tokens_per_block: int = 16) -> list[float]:
-    """Prompt logprobs of one text from a single forward of the whole text (no engine)."""
-    from shuili.core.models.llama import StaticCache
+def direct_logprobs(model, ops, ids: list[int], tokens_per_block: int | None = None) -> list[float]:
+    """Prompt logprobs of one text from a single forward of the whole text (no engine, any model)."""
+    from shuili.core.models.driver import CacheDriver
 
-    cache = StaticCache(model, 1, len(ids), tokens_per_block)
-    logits = model.forward(cache.batch([(0, ids, 0)], all_logits=True))[:-1]
+    cache = CacheDriver(model, 1, len(ids), tokens_per_block)
+    logits = model.forward(cache.batch([(0, ids, 0)], logits="all"))[:-1]
     lp = ops.log_softmax(logits)
     target = torch.tensor(ids[1:], dtype=torch.int64, device=lp.device)
     return lp.gather(1, target[:, None])[:, 0].tolist()

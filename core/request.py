@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Callable
 
 from shuili.core.sampling_params import SamplingParams
 
@@ -80,9 +81,37 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
+    def token_limit(self, max_model_len: int) -> int:
+        """Prompt + output tokens this request may reach: the one place max_tokens is applied."""
+        n = self.num_prompt_tokens
+        cap = self.params.max_tokens if self.params.max_tokens is not None else max_model_len
+        return min(n + cap, max_model_len)
+
     def wants_more(self, max_model_len: int) -> bool:
         """Whether scheduling one more sampled token is allowed (counting placeholders)."""
-        limit = self.params.max_tokens
-        if limit is not None and self.num_pending_output >= limit:
-            return False
-        return self.num_tokens < max_model_len
+        return self.num_tokens < self.token_limit(max_model_len)
+
+    def may_stop(self, num_before: int) -> bool:
+        """Whether a stop token may end the output when `num_before` tokens precede it (min_tokens)."""
+        return num_before >= self.params.min_tokens
+
+
+def stop_ids(params: SamplingParams, eos: tuple[int, ...]) -> tuple[int, ...]:
+    """The token ids that end a request: its stop_token_ids, and EOS unless ignore_eos."""
+    return tuple(params.stop_token_ids) + (() if params.ignore_eos else tuple(eos))
+
+
+def check_stop(req: Request, eos: tuple[int, ...], max_model_len: int,
+               decode: Callable[[list[int]], str] | None = None) -> tuple[str | None, int | None]:
+    """After a token is appended: (finish reason or None, where the text is cut for a stop string)."""
+    ids = req.output_token_ids
+    if req.may_stop(len(ids) - 1) and ids[-1] in stop_ids(req.params, eos):
+        return "stop", None
+    if req.params.stop and decode is not None:
+        text = decode(ids)
+        hits = [k for k in (text.find(s) for s in req.params.stop) if k >= 0]
+        if hits:
+            return "stop", min(hits)
+    if req.num_real_tokens >= req.token_limit(max_model_len):
+        return "length", None
+    return None, None

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
-from shuili.core.sampler import Sampler, SampleRow
-from shuili.core.scheduler import SchedulerOutput
-from shuili.core.staging import Download, upload
+from shuili.core.request import Request, stop_ids
+from shuili.core.sampler import Penalties, Sampler, SamplingBatch
+from shuili.core.scheduler import SampleRow, SchedulerOutput, StepOutput
+from shuili.hal.transfer import HostTransfer, Pending, Transfer
 
 
 def allocate_caches(groups: list[CacheGroupSpec], num_blocks: int, tokens_per_block: int,
@@ -29,23 +30,38 @@ def allocate_caches(groups: list[CacheGroupSpec], num_blocks: int, tokens_per_bl
 
 @dataclass
 class StepResult:
-    sample_rows: list[SampleRow]
-    sampled: torch.Tensor | None  # int64 [S] on the device
-    logprobs: torch.Tensor | None  # float32 [S]
-    bad: torch.Tensor | None  # bool [S]: the row's logits held NaN
-    prompt_rows: list[tuple] = field(default_factory=list)  # (request, position, logits row)
+    """A launched step: device tensors (on the way to the host) and the rows they belong to."""
+    sample_rows: list[SampleRow] = field(default_factory=list)
+    sampled: torch.Tensor | None = None  # int64 [S] on the device
+    logprobs: torch.Tensor | None = None  # float32 [S]
+    bad: torch.Tensor | None = None  # bool [S]: the row's logits held NaN
+    prompt_rows: list[tuple[Request, int]] = field(default_factory=list)  # (request, prompt position)
     prompt_logprobs: torch.Tensor | None = None  # float32 [len(prompt_rows)]
     index: dict[str, int] = field(default_factory=dict)  # request id -> sample row
-    download: Download | None = None  # started when the step is launched
+    download: Pending | None = None  # started when the step is launched
 
-    def to_host(self):
-        """(tokens, logprobs, bad, prompt logprobs) as lists; waits for this step only."""
-        if self.download is None:
-            self.start_download()
-        return tuple(self.download.wait())
+    def to_host(self) -> StepOutput:
+        """The step's results as host lists; waits for this step only."""
+        tokens, logprobs, bad, prompt_logprobs = self.download.wait()
+        return StepOutput(rows=self.sample_rows, tokens=tokens, logprobs=logprobs, bad=bad,
+                          prompt_rows=self.prompt_rows, prompt_logprobs=prompt_logprobs)
 
-    def start_download(self) -> None:
-        self.download = Download([self.sampled, self.logprobs, self.bad, self.prompt_logprobs])
+
+@dataclass
+class HostStep:
+    """A step's inputs as host lists, gathered chunk by chunk (T tokens, B sequences)."""
+    input_ids: list[int] = field(default_factory=list)  # [T], -1 = placeholder
+    positions: list[int] = field(default_factory=list)  # [T]
+    query_start_loc: list[int] = field(default_factory=lambda: [0])  # [B + 1]
+    seq_lens: list[int] = field(default_factory=list)  # [B]
+    context_lens: list[int] = field(default_factory=list)  # [B]
+    logits_indices: list[int] = field(default_factory=list)  # [N]: rows whose logits are wanted
+    sample_rows: list[SampleRow] = field(default_factory=list)
+    prompt_rows: list[tuple[Request, int]] = field(default_factory=list)  # (request, prompt position)
+    prompt_logits: list[int] = field(default_factory=list)  # logits row of each prompt row
+    holes: list[tuple[int, str]] = field(default_factory=list)  # (input row, request id) filled from prev
+    tables: dict[str, list[list[int]]] = field(default_factory=dict)  # group -> [B] block tables
+    slots: dict[str, list[int]] = field(default_factory=dict)  # group -> [T] cache slots
 
 
 @dataclass
@@ -53,19 +69,23 @@ class Step:
     """One step's device inputs and the host bookkeeping that maps logits rows back to requests."""
     batch: ForwardBatch
     sample_rows: list[SampleRow]
-    prompt_rows: list[tuple]  # (request, position, logits row)
-    holes: list[tuple[int, str]]  # (input row, request id) of tokens the in-flight step samples
+    prompt_rows: list[tuple[Request, int]]
+    holes: list[tuple[int, str]]
     sample_idx: torch.Tensor  # int64 [S]: logits row of each sample row
     prompt_idx: torch.Tensor  # int64 [len(prompt_rows)]
     prompt_targets: torch.Tensor  # int64 [len(prompt_rows)]: the next prompt token
     hole_rows: torch.Tensor  # int64 [len(holes)]
     hole_src: torch.Tensor  # int64 [len(holes)]: row of prev.sampled that fills it
+    sampling: SamplingBatch | None  # None: nothing is sampled
+    fill_at: torch.Tensor | None = None  # int64: in-flight tokens in sampling.penalties.output_ids
+    fill_src: torch.Tensor | None = None  # int64: row of prev.sampled that fills each
 
 
 class ModelRunner:
     def __init__(self, model, ops, groups: list[CacheGroupSpec], num_blocks: int,
-                 tokens_per_block: int, device: str = "cpu", graphs=None):
+                 tokens_per_block: int, device: str = "cpu", graphs=None, transfer: Transfer | None = None):
         self.model = model
+        self.transfer = transfer or HostTransfer()  # the platform's host <-> device copies
         self.graphs = graphs  # DecodeGraphs or None (eager)
         self.ops = ops
         self.groups = groups
@@ -73,70 +93,104 @@ class ModelRunner:
         self.device = device
         self.caches = allocate_caches(groups, num_blocks, tokens_per_block, device)
         model.bind_caches(self.caches, tokens_per_block)
-        self.sampler = Sampler(ops, model.vocab_size, device)
+        self.sampler = Sampler(ops, model.vocab_size)
+        self.eos = tuple(model.tokenizer.eos_token_ids)
 
     def build_batch(self, out: SchedulerOutput, prev: StepResult | None = None) -> Step:
         """ForwardBatch plus which logits rows are samples / prompt logprobs; one upload."""
-        P = self.P
-        ids, positions, qsl, seq_lens, ctx = [], [], [0], [], []
-        logits_rows, sample_rows, prompt_rows, holes = [], [], [], []
-        tables = {g.name: [] for g in self.groups}
-        slots = {g.name: [] for g in self.groups if g.kind != "compressed"}
+        h = HostStep(tables={g.name: [] for g in self.groups},
+                     slots={g.name: [] for g in self.groups if g.kind != "compressed"})
         for c in out.chunks:
-            req = c.req
-            toks = req.tokens(c.start, c.end)
-            row0 = len(ids)
-            holes += [(row0 + j, req.request_id) for j, t in enumerate(toks) if t < 0]
-            ids += toks
-            positions += range(c.start, c.end)
-            qsl.append(len(ids))
-            seq_lens.append(c.end)
-            ctx.append(c.start)
-            if req.params.prompt_logprobs:
-                for p in range(c.start, min(c.end, req.num_prompt_tokens - 1)):
-                    if req.prompt_logprobs[p] is None:
-                        logits_rows.append(row0 + p - c.start)
-                        prompt_rows.append((req, p, len(logits_rows) - 1))
-            if c.sample:
-                logits_rows.append(len(ids) - 1)
-                sample_rows.append(SampleRow(req, c.end, len(logits_rows) - 1, c.epoch))
-            for name, table in tables.items():
-                table.append(req.block_ids[name])
-            for name, slot in slots.items():
-                blocks = req.block_ids[name]
-                slot += [blocks[p // P] * P + p % P if blocks[p // P] >= 0 else -1
-                         for p in range(c.start, c.end)]
-        width = max(max((len(t) for t in tab), default=0) for tab in tables.values()) or 1
-        i64, i32 = torch.int64, torch.int32
-        names, snames = list(tables), list(slots)
-        padded = [[b for t in tables[n] for b in t + [-1] * (width - len(t))] for n in names]
-        sample_idx = [s.logits_row for s in sample_rows]
-        prompt_idx = [i for _, _, i in prompt_rows]
-        targets = [req.prompt_token_ids[p + 1] for req, p, _ in prompt_rows]
-        if holes and (prev is None or prev.sampled is None):
+            self._add_chunk(h, c)
+        if h.holes and (prev is None or prev.sampled is None):
             raise RuntimeError("a placeholder token has no step in flight to fill it")
-        hole_src = [prev.index[rid] for _, rid in holes]
-        dev = upload([(ids, i64), (positions, i64), (qsl, i32), (seq_lens, i32), (ctx, i32),
-                      (logits_rows, i64), (sample_idx, i64), (prompt_idx, i64), (targets, i64),
-                      ([r for r, _ in holes], i64), (hole_src, i64)]
-                     + [(t, i32) for t in padded] + [(slots[n], i64) for n in snames], self.device)
+        i64, i32 = torch.int64, torch.int32
+        width = max(max((len(t) for t in tab), default=0) for tab in h.tables.values()) or 1
+        arrays = {
+            "input_ids": (h.input_ids, i64), "positions": (h.positions, i64),
+            "query_start_loc": (h.query_start_loc, i32), "seq_lens": (h.seq_lens, i32),
+            "context_lens": (h.context_lens, i32), "logits_indices": (h.logits_indices, i64),
+            "sample_idx": ([r.logits_row for r in h.sample_rows], i64),
+            "prompt_idx": (h.prompt_logits, i64),
+            "prompt_targets": ([req.prompt_token_ids[p + 1] for req, p in h.prompt_rows], i64),
+            "hole_rows": ([r for r, _ in h.holes], i64),
+            "hole_src": ([prev.index[rid] for _, rid in h.holes], i64),
+        }
+        for name, tab in h.tables.items():
+            arrays["table." + name] = ([b for t in tab for b in t + [-1] * (width - len(t))], i32)
+        for name, slot in h.slots.items():
+            arrays["slots." + name] = (slot, i64)
+        flags = self._sampling_arrays(arrays, h.sample_rows, prev)
+        dev = self.transfer.upload(arrays, self.device)
         batch = ForwardBatch(
-            input_ids=dev[0], positions=dev[1], query_start_loc=dev[2], seq_lens=dev[3],
-            context_lens=dev[4],
-            block_tables={n: t.view(len(out.chunks), width) for n, t in zip(names, dev[11:])},
-            slot_mapping=dict(zip(snames, dev[11 + len(names):])),
-            logits_indices=dev[5], tokens_per_block=P,
-            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens, context_lens_cpu=ctx)
-        return Step(batch, sample_rows, prompt_rows, holes, *dev[6:11])
+            input_ids=dev["input_ids"], positions=dev["positions"],
+            query_start_loc=dev["query_start_loc"], seq_lens=dev["seq_lens"],
+            context_lens=dev["context_lens"],
+            block_tables={n: dev["table." + n].view(len(out.chunks), width) for n in h.tables},
+            slot_mapping={n: dev["slots." + n] for n in h.slots},
+            logits_indices=dev["logits_indices"], tokens_per_block=self.P,
+            query_start_loc_cpu=h.query_start_loc, seq_lens_cpu=h.seq_lens, context_lens_cpu=h.context_lens)
+        return Step(batch=batch, sample_rows=h.sample_rows, prompt_rows=h.prompt_rows, holes=h.holes,
+                    sample_idx=dev["sample_idx"], prompt_idx=dev["prompt_idx"],
+                    prompt_targets=dev["prompt_targets"], hole_rows=dev["hole_rows"], hole_src=dev["hole_src"],
+                    sampling=_sampling_batch(dev, flags) if h.sample_rows else None,
+                    fill_at=dev.get("pen.fill_at"), fill_src=dev.get("pen.fill_src"))
+
+    def _sampling_arrays(self, arrays: dict, rows: list[SampleRow], prev: StepResult | None) -> dict:
+        """Adds the rows' sampling inputs to the step's upload; returns the host flags."""
+        f32, i32, i64 = torch.float32, torch.int32, torch.int64
+        ps = [r.req.params for r in rows]
+        arrays.update({
+            "s.temperature": ([p.temperature for p in ps], f32), "s.top_k": ([p.top_k for p in ps], i32),
+            "s.top_p": ([p.top_p for p in ps], f32), "s.min_p": ([p.min_p for p in ps], f32),
+            "s.seeds": ([r.req.seed for r in rows], i64), "s.positions": ([r.position for r in rows], i64)})
+        flags = {"all_greedy": all(p.greedy for p in ps), "any_filter": any(p.has_filter for p in ps),
+                 "penalties": any(p.has_penalties for p in ps), "banned": False}
+        if flags["penalties"]:
+            arrays.update(_penalty_arrays(rows, prev))
+        if any(p.min_tokens for p in ps):
+            pairs = [(i, t) for i, r in enumerate(rows) if not r.req.may_stop(r.req.num_pending_output - 1)
+                     for t in stop_ids(r.req.params, self.eos) if 0 <= t < self.sampler.V]
+            flags["banned"] = bool(pairs)
+            arrays["ban.rows"] = ([i for i, _ in pairs], i64)
+            arrays["ban.ids"] = ([t for _, t in pairs], i64)
+        return flags
+
+    def _add_chunk(self, h: HostStep, c) -> None:
+        req, P = c.req, self.P
+        toks = req.tokens(c.start, c.end)
+        row0 = len(h.input_ids)
+        h.holes += [(row0 + j, req.request_id) for j, t in enumerate(toks) if t < 0]
+        h.input_ids += toks
+        h.positions += range(c.start, c.end)
+        h.query_start_loc.append(len(h.input_ids))
+        h.seq_lens.append(c.end)
+        h.context_lens.append(c.start)
+        if req.params.prompt_logprobs:
+            for p in range(c.start, min(c.end, req.num_prompt_tokens - 1)):
+                if req.prompt_logprobs[p] is None:
+                    h.prompt_logits.append(len(h.logits_indices))
+                    h.logits_indices.append(row0 + p - c.start)
+                    h.prompt_rows.append((req, p))
+        if c.sample:
+            h.sample_rows.append(SampleRow(req, c.end, len(h.logits_indices), c.epoch))
+            h.logits_indices.append(len(h.input_ids) - 1)
+        for name, table in h.tables.items():
+            table.append(req.block_ids[name])
+        for name, slot in h.slots.items():
+            blocks = req.block_ids[name]
+            slot += [blocks[p // P] * P + p % P if blocks[p // P] >= 0 else -1 for p in range(c.start, c.end)]
 
     def execute(self, out: SchedulerOutput, prev: StepResult | None = None) -> StepResult:
         step = self.build_batch(out, prev)
         batch, sample_rows, prompt_rows = step.batch, step.sample_rows, step.prompt_rows
         if step.holes:
             batch.input_ids[step.hole_rows] = prev.sampled[step.hole_src]
+        if step.fill_at is not None and step.fill_at.numel():
+            step.sampling.penalties.output_ids[step.fill_at] = prev.sampled[step.fill_src]
         if batch.logits_indices.numel() == 0:
             self.model.forward(batch)
-            return StepResult(sample_rows, None, None, None)
+            return self._launched(StepResult(sample_rows=sample_rows))
         logits = None
         decode = not prompt_rows and len(sample_rows) == len(out.chunks) == batch.num_tokens
         if self.graphs is not None and decode and self.graphs.accepts(batch):
@@ -146,13 +200,56 @@ class ModelRunner:
         if logits.shape[0] != batch.logits_indices.shape[0]:
             raise RuntimeError(f"model returned {logits.shape[0]} logits rows, expected "
                                f"{batch.logits_indices.shape[0]} (one per logits_indices entry)")
-        res = StepResult(sample_rows, None, None, None, prompt_rows)
+        res = StepResult(sample_rows=sample_rows, prompt_rows=prompt_rows)
         if sample_rows:
-            res.sampled, res.logprobs, res.bad = self.sampler(logits[step.sample_idx], sample_rows, prev,
-                                                            eos=tuple(self.model.tokenizer.eos_token_ids))
+            sampled = self.sampler(logits[step.sample_idx], step.sampling)
+            res.sampled, res.logprobs, res.bad = sampled.tokens, sampled.logprobs, sampled.bad
             res.index = {s.req.request_id: i for i, s in enumerate(sample_rows)}
         if prompt_rows:
             lp = self.ops.log_softmax(logits[step.prompt_idx])
             res.prompt_logprobs = lp.gather(1, step.prompt_targets[:, None])[:, 0]
-        res.start_download()
+        return self._launched(res)
+
+    def _launched(self, res: StepResult) -> StepResult:
+        res.download = self.transfer.download([res.sampled, res.logprobs, res.bad, res.prompt_logprobs])
         return res
+
+
+def _penalty_arrays(rows: list[SampleRow], prev: StepResult | None) -> dict:
+    """Each row's generated and prompt tokens as (row, id) pairs. A token the in-flight step is
+    sampling (a second placeholder) is a 0 here, filled on the device from prev.sampled."""
+    f32, i64 = torch.float32, torch.int64
+    out_rows, out_ids, fill_at, fill_src, prompt_rows, prompt_ids = [], [], [], [], [], []
+    for i, r in enumerate(rows):
+        req = r.req
+        out_rows += [i] * len(req.output_token_ids)
+        out_ids += req.output_token_ids
+        if req.num_placeholders > 1:
+            fill_at.append(len(out_ids))
+            fill_src.append(prev.index[req.request_id])
+            out_rows.append(i)
+            out_ids.append(0)
+        prompt_rows += [i] * req.num_prompt_tokens
+        prompt_ids += req.prompt_token_ids
+    ps = [r.req.params for r in rows]
+    return {"pen.repetition": ([p.repetition_penalty for p in ps], f32),
+            "pen.presence": ([p.presence_penalty for p in ps], f32),
+            "pen.frequency": ([p.frequency_penalty for p in ps], f32),
+            "pen.output_rows": (out_rows, i64), "pen.output_ids": (out_ids, i64),
+            "pen.prompt_rows": (prompt_rows, i64), "pen.prompt_ids": (prompt_ids, i64),
+            "pen.fill_at": (fill_at, i64), "pen.fill_src": (fill_src, i64)}
+
+
+def _sampling_batch(dev: dict[str, torch.Tensor], flags: dict) -> SamplingBatch:
+    penalties = None
+    if flags["penalties"]:
+        penalties = Penalties(
+            repetition=dev["pen.repetition"], presence=dev["pen.presence"], frequency=dev["pen.frequency"],
+            output_rows=dev["pen.output_rows"], output_ids=dev["pen.output_ids"],
+            prompt_rows=dev["pen.prompt_rows"], prompt_ids=dev["pen.prompt_ids"])
+    banned = flags["banned"]
+    return SamplingBatch(
+        temperature=dev["s.temperature"], top_k=dev["s.top_k"], top_p=dev["s.top_p"], min_p=dev["s.min_p"],
+        seeds=dev["s.seeds"], positions=dev["s.positions"], all_greedy=flags["all_greedy"],
+        any_filter=flags["any_filter"], penalties=penalties,
+        banned_rows=dev["ban.rows"] if banned else None, banned_ids=dev["ban.ids"] if banned else None)

@@ -1,9 +1,10 @@
 """Sampler: penalties, min-tokens masking, seeded sampling and logprobs, all through HAL ops.
 
-Per-row inputs only (seed, absolute position, the request's own tokens), so a row's result
-cannot depend on its batch. Logprobs are of the raw model distribution (before temperature,
-penalties and filtering), float32. A row whose logits hold NaN (or are all -inf) is sampled from
-zeros and flagged `bad`; the engine finishes that request with an error.
+It sees tensors only (`SamplingBatch`, built by the runner, like vLLM's SamplingMetadata): per-row
+inputs (seed, absolute position, the row's own token counts), so a row's result cannot depend on
+its batch. Logprobs are of the raw model distribution (before temperature, penalties and
+filtering), float32. A row whose logits hold NaN (or are all -inf) is sampled from zeros and
+flagged `bad`; the scheduler finishes that request with an error.
 """
 from __future__ import annotations
 
@@ -11,82 +12,66 @@ from dataclasses import dataclass
 
 import torch
 
-from shuili.core.staging import upload
-from shuili.hal.ops import accepts
+
+@dataclass
+class Penalties:
+    repetition: torch.Tensor  # float32 [S]
+    presence: torch.Tensor  # float32 [S]
+    frequency: torch.Tensor  # float32 [S]
+    output_rows: torch.Tensor  # int64 [K]: row of each generated token (in-flight ones included)
+    output_ids: torch.Tensor  # int64 [K]: the token
+    prompt_rows: torch.Tensor  # int64 [M]: row of each prompt token
+    prompt_ids: torch.Tensor  # int64 [M]
 
 
 @dataclass
-class SampleRow:
-    req: object  # Request
-    position: int  # absolute position of the token being sampled
-    logits_row: int
-    epoch: int = 0  # the request's epoch when scheduled; a stale row is dropped
+class SamplingBatch:
+    """One step's sampling inputs for S rows, on the device; the two flags are host facts."""
+    temperature: torch.Tensor  # float32 [S], 0 = greedy
+    top_k: torch.Tensor  # int32 [S]
+    top_p: torch.Tensor  # float32 [S]
+    min_p: torch.Tensor  # float32 [S]
+    seeds: torch.Tensor  # int64 [S]
+    positions: torch.Tensor  # int64 [S]: absolute position of the token being sampled
+    all_greedy: bool
+    any_filter: bool
+    penalties: Penalties | None = None  # None: no row has a penalty
+    banned_rows: torch.Tensor | None = None  # int64 [N]: (row, id) pairs masked to -inf, the stop
+    banned_ids: torch.Tensor | None = None  # tokens of rows still under min_tokens; None: no row is
+
+
+@dataclass
+class SamplerOutput:
+    tokens: torch.Tensor  # int64 [S]
+    logprobs: torch.Tensor  # float32 [S]
+    bad: torch.Tensor  # bool [S]: the row's logits held NaN (or were all -inf)
 
 
 class Sampler:
-    def __init__(self, ops, vocab_size: int, device: str = "cpu"):
+    def __init__(self, ops, vocab_size: int):
         self.ops = ops
         self.V = vocab_size
-        self.device = device
-        self._hint_fn, self._hint_ok = None, False
 
-    def _takes_hints(self) -> bool:
-        fn = self.ops.sample  # looked up per call: tests and tools swap the ops object
-        if fn != self._hint_fn:
-            self._hint_fn, self._hint_ok = fn, accepts(fn, "all_greedy") and accepts(fn, "any_filter")
-        return self._hint_ok
-
-    def _in_flight_token(self, row: SampleRow, prev) -> torch.Tensor | None:
-        # placeholders beyond this row's own sample belong to the previous (in-flight) step
-        if row.req.num_placeholders > 1:
-            return prev.sampled[prev.index[row.req.request_id]]
-        return None
-
-    def _penalize(self, logits: torch.Tensor, rows: list[SampleRow], prev) -> torch.Tensor:
-        S, V, dev = logits.shape[0], self.V, self.device
+    def _penalize(self, logits: torch.Tensor, p: Penalties) -> torch.Tensor:
+        S, V, dev = logits.shape[0], self.V, logits.device
         counts = torch.zeros(S, V, dtype=torch.int32, device=dev)
+        ones = torch.ones(p.output_ids.shape, dtype=torch.int32, device=dev)
+        counts.index_put_((p.output_rows, p.output_ids), ones, accumulate=True)
         prompt_mask = torch.zeros(S, V, dtype=torch.bool, device=dev)
-        for i, r in enumerate(rows):
-            out = torch.tensor(r.req.output_token_ids, dtype=torch.int64, device=dev)
-            counts[i] += torch.bincount(out, minlength=V)[:V].to(torch.int32)
-            extra = self._in_flight_token(r, prev)
-            if extra is not None:
-                counts[i, extra] += 1
-            prompt_mask[i, torch.tensor(r.req.prompt_token_ids, dtype=torch.int64, device=dev)] = True
-        rep = torch.tensor([r.req.params.repetition_penalty for r in rows], dtype=torch.float32, device=dev)
-        pres = torch.tensor([r.req.params.presence_penalty for r in rows], dtype=torch.float32, device=dev)
-        freq = torch.tensor([r.req.params.frequency_penalty for r in rows], dtype=torch.float32, device=dev)
-        return self.ops.apply_penalties(logits, counts, prompt_mask, rep, pres, freq)
+        prompt_mask[p.prompt_rows, p.prompt_ids] = True
+        return self.ops.apply_penalties(logits, counts, prompt_mask, p.repetition, p.presence, p.frequency)
 
-    def _mask_min_tokens(self, logits: torch.Tensor, rows: list[SampleRow], eos: tuple[int, ...]) -> torch.Tensor:
-        for i, r in enumerate(rows):
-            p = r.req.params
-            if r.req.num_pending_output - 1 < p.min_tokens:
-                banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos))
-                banned = [t for t in banned if 0 <= t < self.V]
-                if banned:
-                    logits[i, banned] = float("-inf")
-        return logits
-
-    def __call__(self, logits: torch.Tensor, rows: list[SampleRow], prev=None, eos: tuple[int, ...] = ()):
-        """logits float32 [S, V] -> (tokens int64 [S], logprobs float32 [S], bad bool [S])."""
+    def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
+        """logits float32 [S, V] -> tokens, logprobs and bad flags of the S rows."""
         bad = torch.isnan(logits).any(dim=-1) | torch.isneginf(logits).all(dim=-1)
         logits = torch.where(bad[:, None], torch.zeros((), dtype=logits.dtype, device=logits.device), logits)
         raw_lp = self.ops.log_softmax(logits)
         proc = logits.to(torch.float32).clone()
-        if any(r.req.params.min_tokens for r in rows):
-            proc = self._mask_min_tokens(proc, rows, eos)
-        if any(r.req.params.has_penalties for r in rows):
-            proc = self._penalize(proc, rows, prev)
-        ps = [r.req.params for r in rows]
-        f32 = torch.float32
-        hints = {}
-        if self._takes_hints():  # known on the host: the op need not read its tensors back (a sync)
-            hints = {"all_greedy": all(p.greedy for p in ps), "any_filter": any(p.has_filter for p in ps)}
-        tokens = self.ops.sample(proc, *upload([
-            ([p.temperature for p in ps], f32), ([p.top_k for p in ps], torch.int32),
-            ([p.top_p for p in ps], f32), ([p.min_p for p in ps], f32),
-            ([r.req.seed for r in rows], torch.int64), ([r.position for r in rows], torch.int64)],
-            self.device), **hints)
-        lps = raw_lp.gather(1, tokens[:, None])[:, 0]
-        return tokens, lps, bad
+        if b.banned_rows is not None:
+            proc[b.banned_rows, b.banned_ids] = float("-inf")
+        if b.penalties is not None:
+            proc = self._penalize(proc, b.penalties)
+        # the hints are known on the host, so the op need not read its tensors back (a sync)
+        tokens = self.ops.sample(proc, b.temperature, b.top_k, b.top_p, b.min_p, b.seeds, b.positions,
+                                 all_greedy=b.all_greedy, any_filter=b.any_filter)
+        return SamplerOutput(tokens, raw_lp.gather(1, tokens[:, None])[:, 0], bad)

@@ -9,16 +9,25 @@ The victim may already hold a chunk in this step: the chunk is withdrawn and its
 A scheduled chunk that reaches the end of the known tokens samples one token, which is counted
 as a placeholder until its value is on the host (that is what lets overlap mode schedule step
 N+1 before step N's samples are read back).
+
+`update` is the only place a step's results land: prompt logprobs, published KV blocks, sampled
+tokens, and every finish (stop, length, NaN, model fault, unschedulable); the engine only loops.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from shuili.core.kv_cache import KVCacheManager
-from shuili.core.request import Request, Status
+from shuili.core.request import Request, Status, check_stop
+
+NAN_ERROR = ("the model produced NaN (or all -inf) logits for this request (a numerical fault in the model, its "
+             "weights or its dtype); it was stopped and its KV blocks freed. Check the checkpoint and "
+             "dtype; other requests are unaffected")
 
 
 @dataclass
@@ -33,6 +42,11 @@ class ScheduledChunk:
     def end(self) -> int:
         return self.start + self.num_tokens
 
+    @property
+    def current(self) -> bool:
+        """Still the request's live work (not preempted, aborted or finished since scheduled)."""
+        return self.req.epoch == self.epoch and self.req.status is Status.RUNNING
+
 
 @dataclass
 class SchedulerOutput:
@@ -45,6 +59,26 @@ class SchedulerOutput:
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
+
+
+@dataclass
+class SampleRow:
+    """Where a sampled token goes: the request, the token's absolute position, the logits row."""
+    req: Request
+    position: int
+    logits_row: int
+    epoch: int = 0  # the request's epoch when scheduled; a stale row is dropped
+
+
+@dataclass
+class StepOutput:
+    """One step's results on the host, as the scheduler consumes them (rows in sample order)."""
+    rows: list[SampleRow] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    bad: list[bool] = field(default_factory=list)  # the row's logits held NaN
+    prompt_rows: list[tuple[Request, int]] = field(default_factory=list)  # (request, prompt position)
+    prompt_logprobs: list[float] = field(default_factory=list)
 
 
 class WaitingQueue:
@@ -88,7 +122,8 @@ class WaitingQueue:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, policy: str = "fcfs"):
+                 max_model_len: int, policy: str = "fcfs", eos: tuple[int, ...] = (),
+                 decode: Callable[[list[int]], str] | None = None):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.kv = kv
@@ -96,6 +131,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.policy = policy
+        self.eos = tuple(eos)
+        self.decode = decode  # token ids -> text, for stop strings
         self.waiting = WaitingQueue(policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -121,6 +158,7 @@ class Scheduler:
             return
         was_running = req.status is Status.RUNNING
         req.status = Status.FINISHED
+        req.t_finish = time.perf_counter()
         req.finish_reason = reason
         req.error = error
         req.epoch += 1
@@ -204,7 +242,16 @@ class Scheduler:
                 budget -= n
         if not out.preempted:
             self._admit(out, budget)
+        if not out and not out.preempted and not self.running:
+            self._refuse_head()
         return out
+
+    def _refuse_head(self) -> None:
+        # nothing runs and the head of the queue still cannot get blocks: it never will
+        req = self.waiting.peek()
+        if req is not None:
+            self.finish(req, "error", f"the request cannot get KV blocks even with an empty engine "
+                        f"({self.kv.num_blocks} per group); raise num_blocks / kv_cache_bytes")
 
     @staticmethod
     def _unschedule(out: SchedulerOutput, req: Request) -> int:
@@ -233,8 +280,42 @@ class Scheduler:
             budget -= n
 
     # -------------------------------------------------------------------------------- update
-    def chunk_is_current(self, chunk: ScheduledChunk) -> bool:
-        return chunk.req.epoch == chunk.epoch and chunk.req.status is Status.RUNNING
+    def update(self, out: SchedulerOutput, result: StepOutput) -> list[Request]:
+        """Apply one step's results; returns the requests that got a token or finished."""
+        for (req, p), v in zip(result.prompt_rows, result.prompt_logprobs):
+            req.prompt_logprobs[p] = v
+        for c in out.chunks:
+            if c.current:
+                self.kv.publish(c.req, c.end)
+        touched = []
+        for row, token, logprob, bad in zip(result.rows, result.tokens, result.logprobs, result.bad):
+            req = row.req
+            if req.epoch != row.epoch or req.status is not Status.RUNNING:
+                continue  # preempted, aborted or finished since it was scheduled
+            req.num_placeholders -= 1
+            if bad:
+                self.finish(req, "error", NAN_ERROR)
+            else:
+                self._append(req, token, logprob)
+            touched.append(req)
+        return touched
+
+    def fail(self, out: SchedulerOutput, error: str) -> None:
+        """The step could not run (a model fault): its requests finish with the error."""
+        for c in out.chunks:
+            if not c.req.finished:
+                self.finish(c.req, "error", error)
+
+    def _append(self, req: Request, token: int, logprob: float) -> None:
+        if not req.output_token_ids:
+            req.t_first_token = time.perf_counter()
+        req.output_token_ids.append(token)
+        if req.params.logprobs:
+            req.logprobs.append(logprob)
+        reason, cut = check_stop(req, self.eos, self.max_model_len, self.decode)
+        if reason is not None:
+            req.stop_text_len = cut
+            self.finish(req, reason)
 
     def check(self) -> None:
         """Scheduler-level invariants (tests call this with kv.check_integrity after each step)."""

@@ -1,7 +1,7 @@
 """pluggy hook specs (project "shuili"). Hooks are factories called at start-up, never per op.
 
 A platform plugin is one module or object implementing these hooks (the first four are required,
-`shuili_platform_graph_capture` is optional). The hooks taking a `platform` argument are
+`shuili_platform_graph_capture` and `shuili_platform_transfer` are optional). The hooks taking a `platform` argument are
 `firstresult`: a plugin returns None for every platform name but its own.
 """
 from __future__ import annotations
@@ -55,4 +55,15 @@ def shuili_platform_graph_capture(platform: str, config):
     that re-runs the recorded work and returns the tensors `fn` returned at capture (the same objects,
     refilled). The engine uses it for decode steps when capabilities.graph_capture is true. Graphs
     captured by one `capture` may share one memory pool: only one replays at a time. None otherwise.
+    """
+
+
+@hookspec(firstresult=True)
+def shuili_platform_transfer(platform: str, config):
+    """Optional (HAL 1.3). For your own platform name, return a `shuili.hal.transfer.Transfer`:
+    `upload(arrays, device)` puts a step's small host arrays on the device without waiting for
+    queued kernels, `download(tensors)` starts copying results to the host and returns a `Pending`
+    whose `wait()` waits for those results only. Without it the engine uses `HostTransfer`
+    (synchronous copies: correct everywhere, but an overlapped engine then overlaps nothing).
+    None otherwise.
     """

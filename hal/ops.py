@@ -340,7 +340,7 @@ def sample(
     nucleus (cumulative float64 sum of p in that rank order; the token that crosses top_p is kept);
     p < min_p * p_max with p_max the overall top probability;
     token = argmax(lp + gumbel) over the kept tokens, ties to the lowest id, where
-    gumbel = -log(-log(u)) in float64 and u = `shuili.core.noise.uniform(seed, position, id)`,
+    gumbel = -log(-log(u)) in float64 and u = `shuili.hal.noise.uniform(seed, position, id)`,
     a counter-based hash strictly inside (0, 1). Returns int64 [B].
     Host hints (HAL 1.2, keyword-only, optional for implementations; the caller passes them only
     to an implementation that names them): all_greedy=True promises every temperature is 0;
@@ -412,6 +412,23 @@ def accepts(fn: Callable, keyword: str) -> bool:
     except (TypeError, ValueError):
         return False
     return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def with_hints(name: str, fn: Callable) -> Callable:
+    """fn, or a wrapper that drops the contract hints fn does not name, so every caller may pass
+    them. Decided once, when the platform is resolved, not by inspecting fn on every call."""
+    dropped = tuple(h for h in OP_SPECS[name].hints if not accepts(fn, h))
+    if not dropped:
+        return fn
+
+    def adapted(*args, **kwargs):
+        for h in dropped:
+            kwargs.pop(h, None)
+        return fn(*args, **kwargs)
+
+    adapted.__name__ = getattr(fn, "__name__", name)
+    adapted.__doc__ = getattr(fn, "__doc__", None)
+    return adapted
 
 
 def check_signature(name: str, fn: Callable) -> str | None:

@@ -18,7 +18,8 @@ import pluggy
 from shuili.hal import hookspecs
 from shuili.hal.capabilities import DeterminismLevel, OpCapability, PlatformCapabilities
 from shuili.hal.config import PlatformConfig
-from shuili.hal.ops import OP_NAMES, DispatchTable, check_signature
+from shuili.hal.ops import OP_NAMES, DispatchTable, check_signature, with_hints
+from shuili.hal.transfer import HostTransfer, Transfer
 from shuili.hal.types import Availability, PlatformInfo
 from shuili.hal.version import HAL_API_MAJOR, HAL_API_VERSION
 
@@ -187,6 +188,8 @@ class ResolvedPlatform:
     fallbacks: tuple[str, ...] = ()
     # capture(fn) -> replay, from the optional shuili_platform_graph_capture hook; None = run eagerly
     capture_graph: Callable | None = None
+    # host <-> device copies, from the optional shuili_platform_transfer hook
+    transfer: Transfer = field(default_factory=HostTransfer)
 
     @property
     def name(self) -> str:
@@ -302,10 +305,12 @@ def resolve_platform(
     if undeclared:
         raise HALError(f"platform {entry.name!r} declares no capability for ops {undeclared}")
     caps = caps.model_copy(update={"ops": cap_ops})
+    ops = {name: with_hints(name, fn) for name, fn in ops.items()}
     capture = _graph_capture(pm, entry.name, config, caps)
+    transfer = pm.hook.shuili_platform_transfer(platform=entry.name, config=config) or HostTransfer()
     log.info("platform %s selected (%s)", entry.name, reason)
     return ResolvedPlatform(entry.info, caps, DispatchTable(entry.name, ops, sources), config, reason,
-                            tuple(missing), capture)
+                            tuple(missing), capture, transfer)
 
 
 def _graph_capture(pm: pluggy.PluginManager, name: str, config: PlatformConfig,

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
-from shuili.core.models.deepseek_v4_cache import SimpleCacheDriver, cache_groups, token_slots
+from shuili.core.models.deepseek_v4_cache import cache_groups, token_slots
 from shuili.core.models.deepseek_v4_config import V4Config, named
+from shuili.core.models.driver import CacheDriver
 from shuili.core.models.tokenizer import ByteTokenizer
 from shuili.hal import DispatchTable, numerics
 from shuili.hal.types import Weight
@@ -446,14 +447,9 @@ class DeepseekV4Model:
 
     # ---------------------------------------------------------------- convenience
     def driver(self, max_seqs: int = 1, max_len: int | None = None, tokens_per_block: int | None = None,
-               device: str | None = None) -> SimpleCacheDriver:
+               device: str | None = None) -> CacheDriver:
         """Allocate caches with contiguous block tables and bind them (tests, benchmarks, no engine)."""
-        cfg = self.cfg
-        P = tokens_per_block or math.lcm(cfg.csa_ratio, cfg.hca_ratio, 16)
-        drv = SimpleCacheDriver(self.cache_groups(), max_seqs, max_len or self.max_model_len, P,
-                                device or self.device)
-        self.bind_caches(drv.caches, P)
-        return drv
+        return CacheDriver(self, max_seqs, max_len or self.max_model_len, tokens_per_block, device)
 
 
 def _w(t) -> Weight:

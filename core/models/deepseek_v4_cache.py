@@ -1,4 +1,4 @@
-"""DeepSeek-V4 cache-group layout, slot arithmetic, and a tiny engine-free driver.
+"""DeepSeek-V4 cache-group layout and slot arithmetic (the engine-free driver: core/models/driver.py).
 
 Groups (every logical block i covers tokens [i*P, (i+1)*P)):
   swa_kv     sliding, window = sliding_window   the raw K=V latent of every token, every layer (+ MTP)
@@ -14,19 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from shuili.core.model_api import CacheGroupSpec, ForwardBatch
+from shuili.core.model_api import CacheGroupSpec
 from shuili.core.models.deepseek_v4_config import V4Config
-
-_ROW_BYTES = {"mxfp8": lambda d: d + d // 32, "fp4_e4m3": lambda d: d // 2 + d // 16,
-              "mxfp4": lambda d: d // 2 + d // 32}
-
-
-def row_bytes(fmt: str, dim: int) -> int:
-    return _ROW_BYTES[fmt](dim)
+from shuili.hal.formats import bytes_per_row
 
 
 def _entry(fmt: str, dim: int, dtype: str) -> tuple[tuple[int, ...], str]:
-    return ((dim,), dtype) if fmt == "none" else ((row_bytes(fmt, dim),), "uint8")
+    return ((dim,), dtype) if fmt == "none" else ((bytes_per_row(fmt, dim),), "uint8")
 
 
 def state_width(cfg: V4Config, kind: str) -> int:
@@ -76,51 +70,3 @@ def token_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, pos: torch.Te
     ok = ok & (phys >= 0)
     slot = phys * per_block + pos.clamp(min=0) % per_block
     return torch.where(ok, slot, torch.full_like(slot, -1))
-
-
-# --------------------------------------------------------------------------------- engine-free driver
-class SimpleCacheDriver:
-    """Allocates every group's tensors and hands out contiguous block tables; for tests and benchmarks.
-
-    Sequence s owns physical blocks [s*max_blocks, (s+1)*max_blocks) of every group, nothing is freed.
-    """
-
-    def __init__(self, groups: list[CacheGroupSpec], max_seqs: int, max_len: int, tokens_per_block: int,
-                 device: str = "cpu"):
-        for g in groups:
-            g.entries_per_block(tokens_per_block)
-        self.groups, self.P, self.device = groups, tokens_per_block, device
-        self.max_blocks = -(-max_len // tokens_per_block)
-        nblk = max_seqs * self.max_blocks
-        self.caches = {g.name: [torch.zeros(nblk, tokens_per_block // g.ratio, *g.entry_shape,
-                                            dtype=getattr(torch, g.dtype), device=device) for _ in g.layers]
-                       for g in groups}
-        self.lens: dict[int, int] = {}
-
-    def batch(self, chunks: list[tuple[int, list[int]]], logits: str = "last") -> ForwardBatch:
-        """chunks: (seq id, new token ids) in scheduling order; logits 'last' or 'all' rows."""
-        ids, pos, qsl, seq_lens, ctx, rows = [], [], [0], [], [], []
-        for sid, toks in chunks:
-            c = self.lens.get(sid, 0)
-            ids += toks
-            pos += range(c, c + len(toks))
-            qsl.append(qsl[-1] + len(toks))
-            ctx.append(c)
-            seq_lens.append(c + len(toks))
-            rows += list(range(qsl[-2], qsl[-1])) if logits == "all" else [qsl[-1] - 1]
-            self.lens[sid] = c + len(toks)
-        dev = self.device
-        sids = torch.tensor([s for s, _ in chunks], dtype=torch.int64)
-        bt = (sids[:, None] * self.max_blocks + torch.arange(self.max_blocks)[None]).to(torch.int32)
-        tok_seq = torch.repeat_interleave(sids, torch.tensor([len(t) for _, t in chunks]))
-        p = torch.tensor(pos, dtype=torch.int64)
-        slots = tok_seq * self.max_blocks * self.P + p
-        return ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev), positions=p.to(dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(ctx, dtype=torch.int32, device=dev),
-            block_tables={g.name: bt.to(dev) for g in self.groups},
-            slot_mapping={g.name: slots.to(dev) for g in self.groups if g.kind != "compressed"},
-            logits_indices=torch.tensor(rows, dtype=torch.int64, device=dev), tokens_per_block=self.P,
-            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens, context_lens_cpu=ctx)

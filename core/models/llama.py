@@ -207,56 +207,6 @@ class LlamaModel:
         return ops.linear(h, self.lm_head).float()
 
 
-class StaticCache:
-    """Cache tensors and `ForwardBatch`es for running a model without the engine (tests, tools).
-
-    Sequence slot b owns physical blocks [b * n, (b + 1) * n) of every full group, n =
-    ceil(max_len / P). `batch` takes chunks (slot, new tokens, start position): the tokens are
-    positions start .. start + len - 1 of that sequence, whose earlier tokens are already cached.
-    """
-
-    def __init__(self, model, max_seqs: int, max_len: int, tokens_per_block: int = 16, device: str = "cpu"):
-        self.groups = model.cache_groups()
-        if any(g.kind != "full" for g in self.groups):
-            raise ValueError("StaticCache handles full cache groups only")
-        self.P = tokens_per_block
-        self.per_seq = -(-max_len // tokens_per_block)
-        self.max_len = max_len
-        self.device = device
-        shape = (max_seqs * self.per_seq, tokens_per_block)
-        self.caches = {g.name: [torch.zeros(*shape, *g.entry_shape, dtype=getattr(torch, g.dtype), device=device)
-                                for _ in g.layers] for g in self.groups}
-        model.bind_caches(self.caches, tokens_per_block)
-
-    def batch(self, chunks: list[tuple[int, list[int], int]], all_logits: bool = False) -> ForwardBatch:
-        """Logits rows: every token when all_logits, else the last token of each chunk."""
-        ids, pos, qsl, lens, ctx, rows, tables, slots = [], [], [0], [], [], [], [], []
-        for slot, toks, start in chunks:
-            end = start + len(toks)
-            if not toks or end > self.max_len:
-                raise ValueError(f"chunk of {len(toks)} tokens at {start} does not fit max_len {self.max_len}")
-            base = slot * self.per_seq
-            rows += range(len(ids), len(ids) + len(toks)) if all_logits else [len(ids) + len(toks) - 1]
-            ids += toks
-            pos += range(start, end)
-            slots += [(base + p // self.P) * self.P + p % self.P for p in range(start, end)]
-            qsl.append(len(ids))
-            lens.append(end)
-            ctx.append(start)
-            tables.append(list(range(base, base + self.per_seq)))
-
-        def t(v, dt):
-            return torch.tensor(v, dtype=dt, device=self.device)
-
-        return ForwardBatch(
-            input_ids=t(ids, torch.int64), positions=t(pos, torch.int64), query_start_loc=t(qsl, torch.int32),
-            seq_lens=t(lens, torch.int32), context_lens=t(ctx, torch.int32),
-            block_tables={g.name: t(tables, torch.int32) for g in self.groups},
-            slot_mapping={g.name: t(slots, torch.int64) for g in self.groups},
-            logits_indices=t(rows, torch.int64), tokens_per_block=self.P,
-            query_start_loc_cpu=qsl, seq_lens_cpu=lens, context_lens_cpu=ctx)
-
-
 def load_gguf(path: str, ops, device: str = "cpu", dtype: str = "float32") -> LlamaModel:
     """Build a `LlamaModel` from a Llama-architecture GGUF file on the platform `ops`."""
     f = read_gguf(path)

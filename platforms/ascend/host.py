@@ -42,7 +42,7 @@ def _device_of(args: tuple, kwargs: dict) -> torch.device:
 
 
 def reference_op(name: str) -> Callable:
-    from shuili.platforms.reference.ops import OPS
+    from shuili.platforms.reference.public import OPS
 
     if name not in OPS:
         raise KeyError(f"the reference platform has no op {name!r} to fall back on")

@@ -1,7 +1,7 @@
 """The one indirection between the backend and torch_npu.
 
 Every torch_npu operator the backend calls is `api.ops.npu_xxx(...)` with keyword arguments named
-as in the operator schema, and every device-runtime call (device count, SoC version, NPUGraph,
+as in the operator schema, and every device-runtime call (device count, SoC version,
 streams) is `api.device.xxx(...)`. On an Ascend host `load()` returns an `NpuApi` whose `ops` is the
 `torch_npu` module and whose `device` is `torch_npu.npu`; in CI `shuili.platforms.ascend.sim`
 returns one whose ops are `torch.ops.<test namespace>.npu_xxx` (the real schemas, CPU

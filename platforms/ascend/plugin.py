@@ -60,3 +60,13 @@ def op_table(config, api=None, apply_settings: bool = True) -> dict:
 @hookimpl
 def shuili_platform_ops(platform, config):
     return op_table(config) if platform == NAME else None
+
+
+@hookimpl
+def shuili_platform_transfer(platform, config):
+    if platform != NAME:
+        return None
+    from shuili.platforms.ascend import npu_api
+    from shuili.platforms.ascend.transfer import NpuTransfer
+
+    return NpuTransfer(npu_api.load().device)

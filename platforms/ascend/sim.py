@@ -5,13 +5,12 @@ namespace `shuili_npu_sim` (once per process), backs each with its CPU implement
 `sim_impls.py`, and returns an `NpuApi` whose `ops.npu_xxx` are those `torch.ops` packets. Calls
 therefore go through torch's schema binding: an unknown keyword, a missing required argument or a
 wrong argument type raises exactly as it would against torch_npu. The device side is `FakeNpu`
-(SoC id, device name, NPUGraph, streams) so probe, SoC detection and graph capture run too.
+(SoC id, device name, streams) so probe and SoC detection run too.
 
 Nothing here imports torch_npu; it is safe on any machine.
 """
 from __future__ import annotations
 
-import contextlib
 import types
 
 import torch
@@ -38,25 +37,6 @@ def register() -> str:
     return NAMESPACE
 
 
-class FakeGraph:
-    """NPUGraph stand-in: it cannot record kernels, so `graphs.GraphRunner` hands it the captured
-    callable (`_fn`); replay re-runs that on the same static tensors, which is what a replayed
-    graph computes."""
-
-    def __init__(self):
-        self._fn = None
-        self.replays = 0
-
-    def replay(self):
-        if self._fn is None:
-            raise RuntimeError("replay() before capture")
-        self.replays += 1
-        self._fn()
-
-    def reset(self):
-        self._fn = None
-
-
 class FakeStream:
     def synchronize(self):
         return None
@@ -73,7 +53,6 @@ class FakeNpu:
         self.device_name = device_name
         self.count = count
         self.deterministic_level: int | None = None
-        self.NPUGraph = FakeGraph
         self.Stream = FakeStream
 
     def is_available(self) -> bool:
@@ -102,15 +81,6 @@ class FakeNpu:
 
     def set_deterministic_level(self, level: int) -> None:
         self.deterministic_level = int(level)
-
-    @contextlib.contextmanager
-    def graph(self, npu_graph: FakeGraph, pool=None, stream=None):
-        # the work inside runs eagerly once; `graphs.GraphRunner` hands the fake graph its
-        # callable (`_fn`) so replay() recomputes the static outputs
-        yield
-
-    def graph_pool_handle(self):
-        return object()
 
 
 def simulated_api(device: FakeNpu | None = None) -> NpuApi:

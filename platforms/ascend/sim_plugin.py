@@ -45,3 +45,13 @@ def shuili_platform_ops(platform, config):
     from shuili.platforms.ascend.sim import simulated_api
 
     return op_table(config, api=simulated_api(), apply_settings=False)
+
+
+@hookimpl
+def shuili_platform_transfer(platform, config):
+    if platform != NAME:
+        return None
+    from shuili.platforms.ascend.sim import FakeNpu
+    from shuili.platforms.ascend.transfer import NpuTransfer
+
+    return NpuTransfer(FakeNpu())  # tensors are on the CPU here: NpuTransfer copies plainly

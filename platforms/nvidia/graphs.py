@@ -13,24 +13,22 @@ import torch
 
 
 class GraphedStep:
-    """fn(*static_inputs) -> tensor or tuple of tensors, captured for one fixed set of shapes."""
+    """fn() -> tensor or tuple of tensors, recorded once for fixed shapes. fn reads static buffers
+    its caller refills before each call (the HAL capture contract); a call replays and returns the
+    capture-time outputs, refilled."""
 
-    def __init__(self, fn: Callable, static_inputs: tuple[torch.Tensor, ...], warmup: int = 2,
-                 pool=None):
-        self.inputs = static_inputs
+    def __init__(self, fn: Callable[[], object], warmup: int = 2, pool=None):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(warmup):  # compiles kernels and settles the allocator outside the graph
-                fn(*static_inputs)
+                fn()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = fn(*static_inputs)
+            self.outputs = fn()
 
-    def __call__(self, *inputs: torch.Tensor):
-        for dst, src in zip(self.inputs, inputs):
-            dst[: src.shape[0]].copy_(src)
+    def __call__(self):
         self.graph.replay()
         return self.outputs
 
@@ -46,4 +44,4 @@ class Capturer:
     def __call__(self, fn: Callable[[], object]) -> Callable[[], object]:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        return GraphedStep(fn, (), warmup=self.warmup, pool=self.pool)  # called with no inputs: replay
+        return GraphedStep(fn, warmup=self.warmup, pool=self.pool)

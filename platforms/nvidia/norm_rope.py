@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from shuili.platforms.nvidia.common import pow2
-from shuili.platforms.reference.rope import check_rope_args
+from shuili.platforms.reference.public import check_rope_args
 
 
 @triton.jit

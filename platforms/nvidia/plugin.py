@@ -56,7 +56,7 @@ _CAPS = {
     "log_softmax": (_ACT, (), L.batch_invariant, L.batch_invariant, "one program per row"),
     "apply_penalties": (_F32, (), L.batch_invariant, L.batch_invariant, "elementwise"),
     "sample": (_F32, (), L.batch_invariant, L.batch_invariant,
-               "counter-based noise from shuili.core.noise; exact rank keys"),
+               "counter-based noise from shuili.hal.noise; exact rank keys"),
     "all_reduce": (_ACT, (), L.batch_invariant, L.batch_invariant, "fixed rank order"),
     "all_gather": (_ACT, (), L.batch_invariant, L.batch_invariant, "rank order"),
 }
@@ -133,3 +133,12 @@ def shuili_platform_graph_capture(platform, config):
     from shuili.platforms.nvidia.graphs import Capturer
 
     return Capturer()
+
+
+@hookimpl
+def shuili_platform_transfer(platform, config):
+    if platform != NAME:
+        return None
+    from shuili.platforms.nvidia.transfer import CudaTransfer
+
+    return CudaTransfer()

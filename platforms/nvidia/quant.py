@@ -10,32 +10,10 @@ import torch
 import triton
 import triton.language as tl
 
+from shuili.hal.formats import bytes_per_row, kv_spec  # noqa: F401 (bytes_per_row: for attention, indexer)
 from shuili.platforms.nvidia.common import pow2
 
-# format -> (element bits, group size, scale kind); scale kind 0 = e8m0, 1 = e4m3
-FORMATS = {"mxfp8": (8, 32, 0), "fp4_e4m3": (4, 16, 1), "mxfp4": (4, 32, 0)}
-FORMAT_ID = {"none": 0, "mxfp8": 1, "fp4_e4m3": 2, "mxfp4": 3}
-
-
-def bytes_per_row(fmt: str, dim: int) -> int:
-    bits, group, _ = _spec(fmt)
-    if dim % group:
-        raise ValueError(f"kv format {fmt} needs a row width divisible by {group}, got {dim}")
-    return dim * bits // 8 + dim // group
-
-
-def _spec(fmt: str):
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown kv format {fmt!r}; use one of {sorted(FORMATS)}")
-    return FORMATS[fmt]
-
-
-def dim_of(fmt: str, row_bytes: int) -> int:
-    bits, group, _ = _spec(fmt)
-    dim = row_bytes * 8 * group // (bits * group + 8)
-    if bytes_per_row(fmt, dim) != row_bytes:
-        raise ValueError(f"{row_bytes} bytes is not a {fmt} row width")
-    return dim
+FORMAT_ID = {"none": 0, "mxfp8": 1, "fp4_e4m3": 2, "mxfp4": 3}  # the kernels' FMT constexpr
 
 
 # ------------------------------------------------------------------------------- element codes
@@ -181,7 +159,7 @@ def _dequantize_kernel(p_ptr, out_ptr, N, D: tl.constexpr, DP: tl.constexpr, FMT
 
 
 def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    bits, group, _ = _spec(fmt)
+    bits, group, _ = kv_spec(fmt)
     if x.dim() != 2:
         raise ValueError(f"kv_quantize takes rows [N, D], got shape {tuple(x.shape)}")
     n, d = x.shape

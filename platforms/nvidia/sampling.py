@@ -1,7 +1,7 @@
 """log_softmax (Triton, one program per row, fixed chunk order), penalties and seeded sampling.
 
 Sampling follows the contract step by step with row-wise torch ops: ranks come from an exact sort
-of an int64 (logprob desc, id asc) key, the noise from `shuili.core.noise` (integer hash, so the
+of an int64 (logprob desc, id asc) key, the noise from `shuili.hal.noise` (integer hash, so the
 GPU draws the reference's u bit for bit), the choice from a first-max argmax.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from shuili.core import noise
+from shuili.hal import noise
 from shuili.platforms.nvidia.common import capturing, desc_key, pow2
 
 
@@ -62,7 +62,7 @@ def _mix(h, k):
 def _gumbel_argmax_kernel(lp_ptr, keep_ptr, seed_ptr, pos_ptr, out_ptr, V, HAS_KEEP: tl.constexpr,
                           BLOCK: tl.constexpr):
     """argmax over ids of lp + gumbel(seed, position, id), ties to the lowest id; the noise is
-    shuili.core.noise's MurmurHash3 (uint32 arithmetic wraps exactly as the spec's mod 2^32)."""
+    shuili.hal.noise's MurmurHash3 (uint32 arithmetic wraps exactly as the spec's mod 2^32)."""
     row = tl.program_id(0).to(tl.int64)
     seed = tl.load(seed_ptr + row)
     pos = tl.load(pos_ptr + row)
@@ -116,7 +116,7 @@ def _gumbel_argmax(lp, keep, seeds, positions):
 
 
 # elementwise and device-agnostic: the reference implementation is already the right kernel
-from shuili.platforms.reference.sampling import apply_penalties  # noqa: E402,F401
+from shuili.platforms.reference.public import apply_penalties  # noqa: E402,F401
 
 
 def _keep(lp: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:

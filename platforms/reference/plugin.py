@@ -50,3 +50,12 @@ def shuili_platform_capabilities(platform, config):
              for name in ops.OPS},
         compute_dtypes=("float32",), graph_capture=False, collectives_backend="single-process",
         device_type="cpu")
+
+
+@hookimpl
+def shuili_platform_transfer(platform, config):
+    if platform != NAME:
+        return None
+    from shuili.hal.transfer import HostTransfer
+
+    return HostTransfer()  # tensors already live on the host: plain copies hide nothing

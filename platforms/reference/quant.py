@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import torch
 
+from shuili.hal.formats import (E2M1_MAX, E4M3_MAX, FP4_E4M3_BLOCK, KV_FORMATS,  # noqa: F401
+                                 MX_BLOCK, WEIGHT_FP8_BLOCK, bytes_per_row)
 from shuili.hal.types import Weight
 
-E4M3_MAX = 448.0
-E2M1_MAX = 6.0
 MXFP8_AMAX_FLOOR = 1e-4
 MXFP4_AMAX_FLOOR = 6.0 * 2.0 ** -126
 FP4_E4M3_SCALE_MIN = 2.0 ** -9
-WEIGHT_FP8_BLOCK = 128
-MX_BLOCK = 32
-FP4_E4M3_BLOCK = 16
-KV_FORMATS = ("mxfp8", "fp4_e4m3", "mxfp4")
 
 _E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=torch.float32)
@@ -123,19 +119,6 @@ def _mx_quantize(x: torch.Tensor, elem_max: float, floor: float, what: str):
 
 
 # ------------------------------------------------------------------------------------ KV formats
-def bytes_per_row(fmt: str, dim: int) -> int:
-    """Packed bytes per row of `dim` values: mxfp8 dim + dim/32, fp4_e4m3 dim/2 + dim/16,
-    mxfp4 dim/2 + dim/32 (528, 288 for dim 512; 68 for dim 128)."""
-    block = {"mxfp8": MX_BLOCK, "fp4_e4m3": FP4_E4M3_BLOCK, "mxfp4": MX_BLOCK}.get(fmt)
-    if block is None:
-        raise ValueError(f"unknown KV format {fmt!r}; use one of {KV_FORMATS} ('none' rows are "
-                         "unpacked floats)")
-    if dim <= 0 or dim % block:
-        raise ValueError(f"{fmt} rows need a dim that is a positive multiple of {block}, got {dim}")
-    data = dim if fmt == "mxfp8" else dim // 2
-    return data + dim // block
-
-
 def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """Rows float [N, D] -> uint8 [N, bytes_per_row(fmt, D)], data bytes then scale bytes.
     mxfp8: e4m3 of x / 2^ceil(log2(max(amax32, 1e-4) / 448)).

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from shuili.core import noise
-from shuili.hal import numerics
+from shuili.hal import noise, numerics
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:

@@ -129,11 +129,11 @@ class _SlotKeyedSampling:
     def __getattr__(self, name):
         return getattr(self._ops, name)
 
-    def sample(self, logits, temperature, top_k, top_p, min_p, seeds, positions):
+    def sample(self, logits, temperature, top_k, top_p, min_p, seeds, positions, **hints):
         import torch
 
         slots = torch.arange(seeds.shape[0], dtype=seeds.dtype)
-        return self._ops.sample(logits, temperature, top_k, top_p, min_p, slots, positions)
+        return self._ops.sample(logits, temperature, top_k, top_p, min_p, slots, positions, **hints)
 
 
 def test_negative_control_slot_keyed_noise(solo):

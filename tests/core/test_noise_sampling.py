@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from shuili.core import noise
+from shuili.hal import noise
 from shuili.platforms.reference import sampling as S
 
 # hash32(seed, position, token_id): MurmurHash3_x86_32 of five 32-bit words, hash seed 0x5348554C.

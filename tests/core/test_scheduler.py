@@ -6,8 +6,8 @@ import pytest
 from shuili import SamplingParams
 from shuili.core.kv_cache import KVCacheManager
 from shuili.core.model_api import CacheGroupSpec
-from shuili.core.request import Request, Status
-from shuili.core.scheduler import Scheduler
+from shuili.core.request import Request, Status, check_stop
+from shuili.core.scheduler import SampleRow, Scheduler, StepOutput
 
 P = 4
 FULL = CacheGroupSpec(name="full", kind="full", layers=(0,), entry_shape=(1,))
@@ -26,15 +26,9 @@ def add(s, n_prompt, max_tokens=4, priority=0, rid=None, first=1):
 
 
 def finish_step(s, out):
-    """Stand-in for the engine: resolve each sample to token 7, finish at max_tokens."""
-    for c in out.chunks:
-        if s.chunk_is_current(c):
-            s.kv.publish(c.req, c.end)
-        if c.sample and s.chunk_is_current(c):
-            c.req.num_placeholders -= 1
-            c.req.output_token_ids.append(7)
-            if len(c.req.output_token_ids) >= c.req.params.max_tokens:
-                s.finish(c.req, "length")
+    """Stand-in for the runner: every sample is token 7; the scheduler applies it (and max_tokens)."""
+    rows = [SampleRow(c.req, c.end, i, c.epoch) for i, c in enumerate(c for c in out.chunks if c.sample)]
+    s.update(out, StepOutput(rows, [7] * len(rows), [0.0] * len(rows), [False] * len(rows)))
     s.check()
 
 
@@ -109,7 +103,7 @@ def test_abort_anywhere_frees_blocks():
     s.abort(a.request_id)  # running, mid-prefill, with a step in flight
     s.abort(c.request_id)  # still waiting
     finish_step(s, out)
-    assert not s.chunk_is_current(out.chunks[0])
+    assert not out.chunks[0].current
     while s.has_unfinished():
         finish_step(s, s.schedule())
     assert a.finish_reason == "abort" and c.finish_reason == "abort" and b.finish_reason == "length"
@@ -155,3 +149,27 @@ def test_overlap_never_computes_a_last_token():
     assert a.finished and not b.finished
     finish_step(s, nxt)
     assert b.finished and not s.schedule().chunks
+
+
+def _req(prompt, output, **kw):
+    r = Request("s", list(prompt), SamplingParams(**kw), 0, 0)
+    r.output_token_ids = list(output)
+    return r
+
+
+def test_check_stop_is_the_one_stop_rule():
+    eos = (9,)
+    # EOS ends the output only once min_tokens tokens precede it (the rule the sampler masks by)
+    assert check_stop(_req([1], [5, 9], min_tokens=1), eos, 64) == ("stop", None)
+    assert check_stop(_req([1], [5, 9], min_tokens=2), eos, 64) == (None, None)
+    assert check_stop(_req([1], [5, 9], ignore_eos=True), eos, 64) == (None, None)
+    assert check_stop(_req([1], [5, 3], stop_token_ids=[3]), eos, 64) == ("stop", None)
+    # max_tokens and max_model_len are one limit: Request.token_limit
+    assert check_stop(_req([1, 2], [5, 6], max_tokens=2), eos, 64) == ("length", None)
+    assert check_stop(_req([1, 2], [5], max_tokens=None), eos, 3) == ("length", None)
+    assert _req([1, 2], [], max_tokens=None).token_limit(10) == 10
+    assert _req([1, 2], [], max_tokens=4).token_limit(10) == 6
+    # a stop string cuts the text where it starts
+    text = {(5, 6): "xyab"}
+    got = check_stop(_req([1], [5, 6], stop=["ab"]), eos, 64, lambda ids: text[tuple(ids)])
+    assert got == ("stop", 2)

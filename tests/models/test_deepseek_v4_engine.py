@@ -43,3 +43,16 @@ def test_engine_outputs_do_not_depend_on_chunking_batching_or_prefix_hits():
     hits = []
     assert _run(prompts, together=False, hits=hits, max_num_batched_tokens=512, enable_prefix_caching=True) == base
     assert hits[-1] == 32
+
+
+def test_direct_perplexity_runs_any_model_and_matches_the_engine():
+    """The one engine-free CacheDriver handles V4's sliding and compressed groups (the old llama-only
+    driver refused them); one forward of the whole text equals the engine's chunked prompt logprobs."""
+    from shuili.core import perplexity
+
+    samples = [perplexity.TextSample(id="short", text="the quick brown fox jumps over the lazy dog, twice")]
+    llm = LLM(model="tiny-v4", platform="reference", tokens_per_block=16, seed=2, num_blocks=64,
+              max_num_batched_tokens=16)
+    engine = perplexity.engine_perplexity(llm, samples)
+    direct = perplexity.direct_perplexity(llm.engine.model, llm.engine.ops, samples)
+    assert engine[0].num_tokens > 16 and engine[0].logprobs == direct[0].logprobs

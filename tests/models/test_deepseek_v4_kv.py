@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from shuili.core.models import deepseek_v4 as V
-from shuili.core.models.deepseek_v4_cache import cache_groups, row_bytes
+from shuili.core.models.deepseek_v4_cache import cache_groups
 from shuili.core.models.deepseek_v4_config import named
 from shuili.core.models.deepseek_v4_loader import random_params
 from shuili.hal.config import PlatformConfig
+from shuili.hal.formats import bytes_per_row
 from shuili.hal.registry import resolve_platform
 from shuili.platforms.reference import quant
 
@@ -41,8 +42,9 @@ def test_cache_layout_sizes():
     assert mid["csa_state"].entry_shape == (4 * 512 + 4 * 128,) and mid["csa_state"].dtype == "float32"
     assert mid["swa_kv"].layers == tuple(range(12))
     assert cache_groups(named("mid-v4"), "bfloat16", with_mtp=True)[0].layers == tuple(range(13))
-    for fmt, d in (("mxfp8", 512), ("fp4_e4m3", 512), ("mxfp4", 128), ("mxfp8", 128)):
-        assert row_bytes(fmt, d) == quant.bytes_per_row(fmt, d)
+    for fmt, d, n in (("mxfp8", 512, 528), ("fp4_e4m3", 512, 288), ("mxfp4", 128, 68), ("mxfp8", 128, 132)):
+        assert bytes_per_row(fmt, d) == n  # the one formula, in hal/formats.py
+        assert quant.kv_quantize(torch.zeros(1, d), fmt).shape == (1, n)
     # 64-token blocks: 64 window rows per block of 528 B, for each of the 12 layers
     assert mid["swa_kv"].bytes_per_block(64) == 64 * 528 * 12
     with pytest.raises(ValueError, match="multiple"):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from shuili.core.models import llama
+from shuili.core.models.driver import CacheDriver
 
 NEW_TOKENS = 32
 RTOL = 1e-3
@@ -81,8 +82,8 @@ def hf_greedy(hf, prompts):
 @pytest.fixture(scope="module")
 def our_greedy(model, prompts):
     """The same as hf_greedy, with the three prompts prefilled and decoded as ONE batch."""
-    cache = llama.StaticCache(model, len(prompts), max(map(len, prompts)) + NEW_TOKENS + 1)
-    logits = model.forward(cache.batch([(b, ids, 0) for b, ids in enumerate(prompts)], all_logits=True))
+    cache = CacheDriver(model, len(prompts), max(map(len, prompts)) + NEW_TOKENS + 1)
+    logits = model.forward(cache.batch([(b, ids, 0) for b, ids in enumerate(prompts)], logits="all"))
     ends = torch.tensor([len(ids) for ids in prompts]).cumsum(0).tolist()
     prefill = [logits[e - len(ids):e] for e, ids in zip(ends, prompts)]
     step = torch.stack([p[-1] for p in prefill])
@@ -136,10 +137,10 @@ def test_chat_answer_is_sensible(model, hf_greedy):
 def test_batch_and_chunking_do_not_change_bits(model, prompts):
     a, b = prompts[1], prompts[2]
     n = len(a)
-    alone = llama.StaticCache(model, 2, 64)
+    alone = CacheDriver(model, 2, 64)
     ref_prefill = model.forward(alone.batch([(0, a, 0)]))
     ref_decode = model.forward(alone.batch([(0, [7], n)]))
-    mixed = llama.StaticCache(model, 2, 64, tokens_per_block=4)
+    mixed = CacheDriver(model, 2, 64, tokens_per_block=4)
     # A in chunks of 3 and n-3 tokens, beside B (its own chunks), block size 4
     model.forward(mixed.batch([(1, b[:5], 0), (0, a[:3], 0)]))
     got_prefill = model.forward(mixed.batch([(0, a[3:], 3), (1, b[5:], 5)]))[0]

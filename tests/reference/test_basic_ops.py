@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from shuili.hal.ops import OP_NAMES, accepts, check_signature
+from shuili.hal.ops import OP_NAMES, accepts, check_signature, with_hints
 from shuili.hal.types import Weight
 from shuili.platforms.reference.ops import OPS
 
@@ -28,6 +28,16 @@ def test_sample_hints_are_optional_for_implementations():
     assert "position" in check_signature("sample", renamed)
     assert accepts(OPS["sample"], "all_greedy") and accepts(OPS["sample"], "any_filter")
     assert not accepts(old, "all_greedy") and accepts(lambda *a, **kw: None, "any_filter")
+
+
+def test_hintless_sample_is_adapted_once_at_resolve():
+    """The dispatch table's sample always takes the hints; a 1.0-style one is wrapped, once."""
+    def old(logits, temperature, top_k, top_p, min_p, seeds, positions):
+        return logits
+
+    adapted = with_hints("sample", old)
+    assert adapted(7, 0, 0, 0, 0, 0, 0, all_greedy=True, any_filter=False) == 7
+    assert with_hints("sample", OPS["sample"]) is OPS["sample"]  # names both hints: no wrapper
 
 
 def test_sample_hints_never_change_the_result(gen):

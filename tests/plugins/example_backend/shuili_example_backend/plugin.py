@@ -31,14 +31,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 def swiglu(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
-    from shuili.platforms.reference.ops import OPS
+    from shuili.platforms.reference.public import OPS
 
     # a vendor kernel would go here; delegating keeps the example bit-identical by construction
     return OPS["swiglu"](gate_up, limit)
 
 
 def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    from shuili.platforms.reference.quant import dequantize_weight
+    from shuili.platforms.reference.public import dequantize_weight
 
     wf = w.data.float() if w.format == "dense" else dequantize_weight(w)
     y = x.float() @ wf.t()  # M-dependent kernel choice: not batch-invariant on the CPU

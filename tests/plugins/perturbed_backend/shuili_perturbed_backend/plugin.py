@@ -63,9 +63,9 @@ def shuili_platform_probe(platform):
 def shuili_platform_capabilities(platform, config):
     if platform != NAME:
         return None
-    from shuili.platforms.reference.plugin import shuili_platform_capabilities as ref_caps
+    from shuili.platforms.reference.public import capabilities
 
-    caps = ref_caps(platform="reference", config=config)
+    caps = capabilities(config)
     return PlatformCapabilities.model_validate(caps.model_dump())  # same claims, portable_bitwise
 
 
@@ -73,7 +73,7 @@ def shuili_platform_capabilities(platform, config):
 def shuili_platform_ops(platform, config):
     if platform != NAME:
         return None
-    from shuili.platforms.reference.ops import OPS
+    from shuili.platforms.reference.public import OPS
 
     chosen = perturbed_ops()
     unknown = sorted(set(chosen) - set(OPS))

@@ -1,0 +1,33 @@
+"""The reference helpers a vendor backend may import: the one declared public surface of
+`shuili.platforms.reference`. Everything else in this package is internal and may change
+between releases; a helper a backend needs is added here, not imported from its module.
+
+  OPS                       every HAL op's reference implementation (fallbacks, delegation)
+  capabilities(config)      the reference platform's declared capabilities
+  tree_sum, silu            re-exported from shuili.hal.numerics (the contract's defined arithmetic,
+                            which backends may also import directly)
+  apply_penalties           the penalty op (elementwise, device-agnostic)
+  check_rope_args           the rope op's argument checks, shared so errors read the same
+  dequantize_weight         any contract weight format -> float32 (exact)
+  quantize_weight_*         test checkpoints in the fp8_block128 / mxfp4 weight formats
+  kv_quantize, kv_dequantize  the KV row formats, bit-exact
+"""
+from __future__ import annotations
+
+from shuili.hal.numerics import silu, tree_sum
+from shuili.platforms.reference.ops import OPS
+from shuili.platforms.reference.quant import (dequantize_weight, kv_dequantize, kv_quantize,
+                                              quantize_weight_fp8_block128, quantize_weight_mxfp4)
+from shuili.platforms.reference.rope import check_rope_args
+from shuili.platforms.reference.sampling import apply_penalties
+
+__all__ = ["OPS", "capabilities", "tree_sum", "silu", "apply_penalties", "check_rope_args",
+           "dequantize_weight", "quantize_weight_fp8_block128", "quantize_weight_mxfp4",
+           "kv_quantize", "kv_dequantize"]
+
+
+def capabilities(config):
+    """The reference platform's PlatformCapabilities under `config`."""
+    from shuili.platforms.reference.plugin import shuili_platform_capabilities
+
+    return shuili_platform_capabilities(platform="reference", config=config)
