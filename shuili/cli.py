@@ -43,11 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # user-facing errors: one line, no traceback unless -vv
+        from shuili.core.errors import describe
         from shuili.hal import HALError
 
         known = (HALError, ValueError, FileNotFoundError)
         if isinstance(exc, known) and args.verbose < 2:
-            print(f"shuili: error: {exc}", file=sys.stderr)
+            for line in describe(exc).splitlines():
+                print(f"shuili: error: {line}", file=sys.stderr)
             return 1
         raise
 

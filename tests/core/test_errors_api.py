@@ -168,3 +168,31 @@ def test_lazy_top_level_exports():
     import shuili
 
     assert shuili.LLM is LLM and shuili.SamplingParams is SamplingParams
+
+
+def test_validation_errors_read_one_line_per_field():
+    from shuili.core.errors import describe
+
+    with pytest.raises(ValidationError) as info:
+        SamplingParams(temperature=-1, top_p=0, temprature=1.0)
+    assert describe(info.value).splitlines() == [
+        "temperature: must be >= 0 (0 = greedy), got -1",
+        "top_p: must be in (0, 1] (1 turns it off), got 0",
+        "temprature: unknown field (check its spelling)"]
+    with pytest.raises(ValidationError) as info:
+        SamplingParams(temperature=float("nan"))
+    assert describe(info.value) == "temperature: input should be a finite number, got nan"
+
+
+@pytest.mark.parametrize("name, text, expect", [
+    ("bad.json", '{"max_num_seqs": 2\n "policy": "fcfs"}', "bad.json:2:2: not valid JSON"),
+    ("bad.toml", "max_num_seqs = \n", "bad.toml: not valid TOML"),
+    ("list.json", "[1, 2]", "list.json: expected an object of EngineConfig fields, got list"),
+    ("range.toml", "max_num_seqs = 0\n", "range.toml: max_num_seqs: must be >= 1, got 0"),
+])
+def test_config_file_errors_name_the_file(tmp_path, name, text, expect):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        EngineConfig.from_file(str(path))
+    assert str(info.value).startswith(str(tmp_path / expect.split(":")[0]) + expect[len(name):])

@@ -1,0 +1,42 @@
+"""User-facing error text: one line per problem, naming the field (or file and line) and the fix.
+
+Shared by the CLI, the batch job and the server, so a bad `temperature` reads the same everywhere:
+    temperature: must be >= 0 (0 = greedy), got -1
+"""
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+
+def field_problems(exc: ValidationError) -> list[str]:
+    """One "field: problem, got value" line per pydantic error, without type codes or URLs."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"])
+        lines.append(f"{where}: {_problem(err)}" if where else _problem(err))
+    return lines
+
+
+def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    head = f"{prefix}: " if prefix else ""
+    return "\n".join(head + line for line in field_problems(exc))
+
+
+def _problem(err: dict) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return "unknown field (check its spelling)"
+    if kind == "missing":
+        return "required field is missing"
+    msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    msg = msg[:1].lower() + msg[1:]
+    if kind == "value_error" and not err["loc"]:
+        return msg  # whole-object checks already name their fields
+    return f"{msg}, got {err['input']!r}"
+
+
+def describe(exc: BaseException) -> str:
+    """The text a user sees for an expected error (no traceback)."""
+    if isinstance(exc, ValidationError):
+        return format_validation_error(exc)
+    return str(exc)
