@@ -112,8 +112,9 @@ def _read_jsonl(path: str, defaults: dict):
 
 
 def _record(o) -> dict:
-    return {"request_id": o.request_id, "prompt": o.prompt, "text": o.text, "token_ids": o.token_ids,
-            "logprobs": o.logprobs, "seed": o.seed, "finish_reason": o.finish_reason, "error": o.error}
+    c = o.outputs[0]
+    return {"request_id": o.request_id, "prompt": o.prompt, "text": c.text, "token_ids": c.token_ids,
+            "logprobs": c.logprobs, "seed": c.seed, "finish_reason": c.finish_reason, "error": c.error}
 
 
 def cmd_generate(args) -> int:

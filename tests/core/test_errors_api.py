@@ -64,12 +64,45 @@ def test_request_too_big_for_the_cache():
 def test_outputs_in_input_order_with_n_and_seeds(llm):
     p = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=6, ignore_eos=True)
     outs = llm.generate(["one", "two"], p)
-    assert len(outs) == 6 and [o.prompt for o in outs] == ["one"] * 3 + ["two"] * 3
-    assert [o.seed for o in outs[:3]] == [11, 12, 13]
-    assert len({tuple(o.token_ids) for o in outs[:3]}) > 1
+    assert len(outs) == 2 and [o.prompt for o in outs] == ["one", "two"]
+    first = outs[0].outputs
+    assert [c.index for c in first] == [0, 1, 2] and [c.seed for c in first] == [11, 12, 13]
+    assert all(len(c.token_ids) == 6 == len(c.logprobs) and c.finish_reason == "length" for c in first)
+    assert len({tuple(c.token_ids) for c in first}) > 1
+    with pytest.raises(ValueError, match="read .outputs"):
+        outs[0].text  # noqa: B018 - ambiguous with n=3
     # any answer replays alone from its recorded seed
-    replay = llm.generate(["one"], p.model_copy(update={"n": 1, "seed": outs[1].seed}))[0]
-    assert bits(replay) == bits(outs[1])
+    replay = llm.generate(["one"], p.model_copy(update={"n": 1, "seed": first[1].seed}))[0]
+    assert bits(replay) == bits(first[1])
+
+
+@pytest.mark.parametrize("prompts, expect", [
+    ([["a", "b"]], "prompts[0] is a list containing str 'a'"),
+    (["ok", None], "prompts[1] is NoneType"),
+    ([3.5], "prompts[0] is float"),
+    (7, "prompts is a int"),
+])
+def test_bad_prompt_types_name_the_index(llm, prompts, expect):
+    with pytest.raises(TypeError) as info:
+        llm.generate(prompts, SamplingParams(max_tokens=1))
+    assert str(info.value).startswith(expect)
+
+
+def test_prompt_forms_match_vllm(llm):
+    p = SamplingParams(temperature=0.0, max_tokens=2)
+    ids = [104, 105]
+    forms = [llm.generate(x, p) for x in ("hi", ids, [ids], {"prompt": "hi"}, [{"prompt_token_ids": ids}])]
+    assert all(len(outs) == 1 for outs in forms)
+    assert len({bits(outs[0]) for outs in forms}) == 1
+
+
+def test_chat_renders_the_template(llm):
+    p = SamplingParams(temperature=0.0, max_tokens=1)
+    (chat,) = llm.chat([{"role": "user", "content": "hi"}], p)
+    assert chat.prompt_token_ids == list(b"<user>hi<bot>")
+    assert len(llm.chat([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], p)) == 2
+    with pytest.raises(TypeError, match="conversation 0"):
+        llm.chat([["hi"]], p)
 
 
 def test_unseeded_request_records_a_replayable_seed(llm):
@@ -196,3 +229,14 @@ def test_config_file_errors_name_the_file(tmp_path, name, text, expect):
     with pytest.raises(ValueError) as info:
         EngineConfig.from_file(str(path))
     assert str(info.value).startswith(str(tmp_path / expect.split(":")[0]) + expect[len(name):])
+
+
+def test_llm_defaults_to_the_cli_model(monkeypatch):
+    from shuili.core import api
+    from shuili.core.cli import _config
+    from shuili.cli import build_parser
+
+    monkeypatch.setattr(api, "Engine", lambda config, model=None: type("E", (), {"config": config}))
+    cli_args = build_parser().parse_args(["generate", "--prompt", "x"])
+    assert LLM().engine.config == _config(cli_args)
+    assert LLM().engine.config.model == "smollm2-135m"
