@@ -18,8 +18,9 @@ def test_generate_json(capsys):
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert rc == 0 and len(lines) == 2
     for rec in lines:
-        assert {"text", "token_ids", "logprobs", "seed", "finish_reason"} <= set(rec)
-        assert len(rec["token_ids"]) == 3 == len(rec["logprobs"]) and rec["seed"] == 5
+        (c,) = rec["outputs"]
+        assert {"text", "token_ids", "logprobs", "seed", "finish_reason"} <= set(c)
+        assert len(c["token_ids"]) == 3 == len(c["logprobs"]) and c["seed"] == 5
 
 
 def test_generate_jsonl_batch_with_a_bad_line(tmp_path, capsys):
@@ -27,10 +28,31 @@ def test_generate_jsonl_batch_with_a_bad_line(tmp_path, capsys):
     src.write_text('"first"\n{"prompt": "second", "max_tokens": 2}\n{"prompt": ""}\n')
     dst = tmp_path / "out.jsonl"
     rc = main(["generate", *BASE, "--input", str(src), "--output", str(dst), "--max-tokens", "3"])
-    recs = [json.loads(x) for x in dst.read_text().splitlines()]
+    recs = sorted((json.loads(x) for x in dst.read_text().splitlines()), key=lambda r: r["line"])
     assert rc == 1  # one request failed; the others were still answered
-    assert [len(r["token_ids"]) for r in recs] == [3, 2, 0]
-    assert recs[2]["finish_reason"] == "error" and "empty prompt" in recs[2]["error"]
+    assert [len(r["outputs"][0]["token_ids"]) for r in recs] == [3, 2, 0]
+    assert recs[2]["outputs"][0]["finish_reason"] == "error"
+    assert recs[2]["error"] == f"{src}:3: empty prompt: give at least one character (or one token id)"
+
+
+def test_generate_n_groups_samples_per_prompt(capsys):
+    rc = main(["generate", *BASE, "--prompt", "Hi", "--n", "2", "--max-tokens", "2", "--temperature", "1",
+               "--seed", "3", "--json"])
+    (rec,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert rc == 0 and [c["seed"] for c in rec["outputs"]] == [3, 4]
+
+
+def test_help_shows_a_line_and_a_default_for_every_flag():
+    from shuili.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name in ("generate", "bench", "perplexity"):
+        for action in sub.choices[name]._actions:
+            assert action.help, f"{name} {action.option_strings} has no help line"
+    text = sub.choices["generate"].format_help()
+    for flag in ("--n", "--stop", "--presence-penalty", "--frequency-penalty", "--repetition-penalty"):
+        assert flag in text
+    assert "--max-tokens MAX_TOKENS" in text and "(default: 16)" in text and "greedy (default: 0.0)" in text
 
 
 def test_generate_needs_a_prompt(capsys):

@@ -157,7 +157,8 @@ def test_cli_generate_by_name_matches_transformers_greedy(model, hf_greedy, caps
     rc = main(["generate", "--model", "smollm2-135m", "--platform", "reference", "--temperature", "0",
                "--max-tokens", str(NEW_TOKENS), "--num-blocks", "64", "--json", "--prompt", QUESTION])
     assert rc == 0
-    (out,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    (rec,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    (out,) = rec["outputs"]
     ref = hf_greedy[0][1]
     eos = model.tokenizer.eos_token_ids
     assert out["error"] is None
