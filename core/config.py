@@ -1,14 +1,13 @@
 """Engine configuration (pydantic), loadable from JSON or TOML (`shuili generate --config FILE`)."""
 from __future__ import annotations
 
-import json
 import os
 import tomllib
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from shuili.core.errors import format_validation_error
+from shuili.core.errors import format_validation_error, read_json
 from shuili.core.models import DEFAULT_MODEL
 from shuili.hal import PlatformConfig
 
@@ -69,19 +68,16 @@ def _read_config_file(path: str) -> dict:
         raise FileNotFoundError(f"config file {path!r} does not exist")
     if not path.endswith((".toml", ".json")):
         raise ValueError(f"config file {path!r}: use a .json or .toml file")
-    try:
-        if path.endswith(".toml"):
+    if path.endswith(".json"):
+        data = read_json(path)
+    else:
+        try:
             with open(path, "rb") as f:
                 data = tomllib.load(f)
-        else:
-            with open(path) as f:
-                data = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text file (expected UTF-8 JSON or TOML)") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not valid TOML: {exc}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not a text file (expected UTF-8 TOML)") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected an object of EngineConfig fields, got {type(data).__name__}")
     return data

@@ -40,3 +40,16 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, ValidationError):
         return format_validation_error(exc)
     return str(exc)
+
+
+def read_json(path: str, what: str = "JSON"):
+    """json.load that names the file, line and column of a syntax error."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not valid {what}: {exc.msg}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (expected UTF-8 {what})") from None
