@@ -105,3 +105,26 @@ def test_sigint_keeps_finished_results_and_resume_matches_an_uninterrupted_run(t
     resumed = records(part)
     assert len(resumed) == n and resumed[:len(done)] == done
     assert by_line(resumed) == by_line(records(whole))  # token ids, logprob bits, seeds
+
+
+def test_sigterm_stops_admitting_and_keeps_what_finished(tmp_path):
+    from shuili import LLM
+
+    llm = LLM(model="tiny-v4", platform="reference", max_num_seqs=1, max_num_batched_tokens=64)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(f'"prompt {i}"\n' for i in range(6)))
+    lines = batch.read_input(str(src), {"max_tokens": 2, "temperature": 0.0})
+    fd, _ = batch.open_output(str(tmp_path / "o.jsonl"), resume=False)
+    sink = batch.Sink(fd)
+
+    def signal_after_first(written):
+        if written == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    summary = batch.run(llm, lines, sink, chat=False, progress=signal_after_first)
+    sink.close()
+    assert summary.signum == signal.SIGTERM and batch.INTERRUPT_EXIT[summary.signum] == 143
+    assert 1 <= summary.written < 6 and summary.remaining == 6 - summary.written
+    assert len(records(tmp_path / "o.jsonl")) == summary.written
+    assert not llm.engine.has_unfinished()  # the running requests were aborted
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
