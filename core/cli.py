@@ -28,8 +28,7 @@ run, keeping every finished result; rerun with --resume to answer only the remai
 
 
 def add_parser(sub) -> None:
-    g = sub.add_parser("generate", help="generate text for one or more prompts",
-                       formatter_class=_HelpFormatter, epilog=GENERATE_EPILOG)
+    g = sub.add_parser("generate", help="generate text for one or more prompts", epilog=GENERATE_EPILOG)
     _engine_args(g)
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     g.add_argument("--input", metavar="FILE", help="JSONL batch job: one prompt per line (see below)")
@@ -46,8 +45,7 @@ def add_parser(sub) -> None:
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     g.set_defaults(func=cmd_generate)
 
-    b = sub.add_parser("bench", help="offline throughput and latency (TTFT, TPOT, tokens/s)",
-                       formatter_class=_HelpFormatter)
+    b = sub.add_parser("bench", help="offline throughput and latency (TTFT, TPOT, tokens/s)")
     _engine_args(b)
     b.add_argument("--num-prompts", type=int, default=16, help="random-token prompts, all queued at once")
     b.add_argument("--input-len", type=int, default=32, help="tokens per prompt")
@@ -64,17 +62,6 @@ def add_parser(sub) -> None:
     except ImportError:
         return
     cli_perplexity.add_parser(sub)
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the epilog's line breaks; shows a flag's default unless it is "not given" (then the
-    help line says what applies)."""
-
-    def _get_help_string(self, action):
-        unset = action.default is None or action.default is False or action.default == []
-        if unset or action.default is argparse.SUPPRESS or "%(default)" in action.help:
-            return action.help
-        return action.help + " (default: %(default)s)"
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:

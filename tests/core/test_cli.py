@@ -42,41 +42,30 @@ def test_generate_n_groups_samples_per_prompt(capsys):
     assert rc == 0 and [c["seed"] for c in rec["outputs"]] == [3, 4]
 
 
-def test_help_shows_a_line_and_a_default_for_every_flag():
-    from shuili.cli import build_parser
+def subparsers(parser):
+    import argparse
 
-    sub = next(a for a in build_parser()._actions if a.dest == "command")
-    for name in ("generate", "bench", "perplexity"):
-        for action in sub.choices[name]._actions:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield name, sub
+                yield from subparsers(sub)
+
+
+def test_help_shows_a_line_and_a_default_for_every_flag():
+    from shuili.cli import HelpFormatter, build_parser
+
+    subs = dict(subparsers(build_parser()))
+    for name, sub in subs.items():
+        fmt = sub._get_formatter()
+        assert isinstance(fmt, HelpFormatter), name
+        for action in sub._actions:
+            if not action.option_strings:  # a nested command list is described by its commands' help
+                continue
             assert action.help, f"{name} {action.option_strings} has no help line"
-    text = sub.choices["generate"].format_help()
+            if action.default not in (None, False, [], "==SUPPRESS=="):
+                assert "default" in fmt._get_help_string(action), f"{name} {action.option_strings}"
+    text = subs["generate"].format_help()
     for flag in ("--n", "--stop", "--presence-penalty", "--frequency-penalty", "--repetition-penalty"):
         assert flag in text
     assert "--max-tokens MAX_TOKENS" in text and "(default: 16)" in text and "greedy (default: 0.0)" in text
-
-
-def test_generate_needs_a_prompt(capsys):
-    assert main(["generate", *BASE]) == 1
-    assert "--prompt" in capsys.readouterr().err
-
-
-def test_bench_json(capsys):
-    rc = main(["bench", *BASE, "--num-prompts", "3", "--input-len", "8", "--output-len", "3", "--json"])
-    res = json.loads(capsys.readouterr().out)
-    assert rc == 0 and res["output_tokens"] == 9 and res["errors"] == 0
-    for key in ("ttft_mean_s", "tpot_mean_s", "output_tokens_per_s", "scheduler_us_per_step"):
-        assert res[key] > 0
-
-
-def test_enforce_eager_flag_reaches_the_config(tmp_path):
-    import argparse
-
-    from shuili.core.cli import _config
-
-    base = dict(platform="reference", model="tiny-v4", config=None, max_num_seqs=None,
-                max_num_batched_tokens=None, max_model_len=None, num_blocks=None, overlap=None)
-    assert _config(argparse.Namespace(**base, enforce_eager=True)).enforce_eager is True
-    assert _config(argparse.Namespace(**base, enforce_eager=None)).enforce_eager is False
-    cfg = tmp_path / "e.json"
-    cfg.write_text('{"model": "tiny-v4", "enforce_eager": true}')
-    assert _config(argparse.Namespace(**{**base, "config": str(cfg)}, enforce_eager=None)).enforce_eager
