@@ -127,11 +127,12 @@ class Sink:
         self.fd = fd
 
     def write(self, rec: dict) -> None:
-        data = (json.dumps(rec) + "\n").encode()
+        text = json.dumps(rec) + "\n"
         if self.fd is None:
-            sys.stdout.write(data.decode())
+            sys.stdout.write(text)
             sys.stdout.flush()
             return
+        data = text.encode()
         while data:
             data = data[os.write(self.fd, data):]
 
