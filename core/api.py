@@ -39,7 +39,7 @@ def _one_prompt(p, i: int) -> Prompt:
     kind = type(p).__name__
     if isinstance(p, (list, tuple)):
         bad = next(t for t in p if not isinstance(t, int) or isinstance(t, bool))
-        kind = f"a {kind} containing {type(bad).__name__} {bad!r}"
+        kind = f"a {kind} containing {type(bad).__name__} {repr(bad)[:40]}"
     raise TypeError(f"prompts[{i}] is {kind}; each prompt must be a str, a list of int token ids, "
                     "or a dict with 'prompt' or 'prompt_token_ids'")
 

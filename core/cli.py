@@ -9,7 +9,6 @@ import statistics
 import sys
 import time
 
-
 # SamplingParams fields that are `generate` flags (vLLM's names); defaults and help come from the
 # model so the two cannot drift. temperature is the exception: greedy here, so printed answers replay.
 SAMPLING_FLAGS = ("n", "max_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
