@@ -20,9 +20,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 
-from pydantic import ValidationError
-
-from shuili.core.errors import field_problems
+from shuili.core.errors import FieldErrors
 from shuili.core.outputs import RequestOutput
 from shuili.core.request import Request
 from shuili.core.sampling_params import SamplingParams
@@ -61,8 +59,8 @@ def parse_line(path: str, number: int, text: str, defaults: dict) -> Line:
                                        f"got {type(prompt).__name__}")
     try:
         params = SamplingParams(**{**defaults, **item})
-    except ValidationError as exc:
-        return Line(path, number, rid, error=f"{where}: " + "; ".join(field_problems(exc)))
+    except FieldErrors as exc:
+        return Line(path, number, rid, error=f"{where}: " + "; ".join(exc.problems))
     return Line(path, number, rid, prompt, params)
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from shuili.core.errors import format_validation_error, read_json
+from shuili.core.errors import ReadableErrors, format_validation_error, read_json
 from shuili.core.models import DEFAULT_MODEL
 from shuili.hal import PlatformConfig
 
@@ -16,7 +16,7 @@ _AT_LEAST = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "tokens_per_block":
              "num_blocks": 1, "max_model_len": 2}
 
 
-class EngineConfig(BaseModel):
+class EngineConfig(ReadableErrors, BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(DEFAULT_MODEL, description="a registered name, a checkpoint directory or a .gguf file")

@@ -1,11 +1,32 @@
 """User-facing error text: one line per problem, naming the field (or file and line) and the fix.
 
-Shared by the CLI, the batch job and the server, so a bad `temperature` reads the same everywhere:
+Shared by the API, the CLI, the batch job and the server, so a bad `temperature` reads the same
+everywhere:
     temperature: must be >= 0 (0 = greedy), got -1
 """
 from __future__ import annotations
 
 from pydantic import ValidationError
+
+
+class FieldErrors(ValueError):
+    """Invalid fields of a config or params object: str() is one line per field; `.problems`
+    lists them (a server can return them as they are)."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class ReadableErrors:
+    """Mixin for pydantic models built by users (SamplingParams, EngineConfig): construction
+    raises FieldErrors (a ValueError, as vLLM raises) instead of pydantic's raw text."""
+
+    def __init__(self, **data):
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise FieldErrors(field_problems(exc)) from None
 
 
 def field_problems(exc: ValidationError) -> list[str]:

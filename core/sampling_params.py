@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from shuili.core.errors import ReadableErrors
+
 MAX_SEED = 2**63 - 1
 
 
@@ -23,7 +25,7 @@ _RULES = {
 }
 
 
-class SamplingParams(BaseModel):
+class SamplingParams(ReadableErrors, BaseModel):
     # allow_inf_nan: NaN would pass every range check below
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
