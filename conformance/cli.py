@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     bsub = b.add_subparsers(dest="baseline_command", metavar="ACTION")
     u = bsub.add_parser("update", help="re-run workloads and lock them as baselines (cross-host lock, "
                                        "atomic write)")
-    u.add_argument("--platform", required=True)
+    u.add_argument("--platform", required=True, help="platform name (see `shuili platforms`)")
     u.add_argument("--workload", action="append", default=None, metavar="W",
                    help="workload (repeatable); default tiny-v4")
     u.add_argument("--baselines", default=None, metavar="DIR", help="baseline root (default: the package's)")

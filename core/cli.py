@@ -9,20 +9,36 @@ import statistics
 import sys
 import time
 
+# SamplingParams fields that are `generate` flags (vLLM's names); defaults and help come from the
+# model so the two cannot drift. temperature is the exception: greedy here, so printed answers replay.
+SAMPLING_FLAGS = ("n", "max_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "min_tokens", "seed")
+CLI_DEFAULTS = {"temperature": 0.0}
+
+GENERATE_EPILOG = """\
+--input: one JSON value per line, a string or {"prompt": ..., "id": ..., <SamplingParams fields>};
+a line's fields override the flags. Results are written as each line finishes (not in input
+order), one JSON object per line, flushed: {"line", "id", "prompt", "error", "outputs": [{"index",
+"text", "token_ids", "logprobs", "finish_reason", "seed", "error"}]}; "line" is the 1-based input
+line number, so sort by it to restore input order. A bad line gets an error record naming
+FILE:LINE and the run goes on; the exit code is 1 if any line failed. Ctrl-C / SIGTERM stops the
+run, keeping every finished result; rerun with --resume to answer only the remaining lines
+(exit 130 / 143)."""
+
 
 def add_parser(sub) -> None:
-    g = sub.add_parser("generate", help="generate text for one or more prompts")
+    g = sub.add_parser("generate", help="generate text for one or more prompts", epilog=GENERATE_EPILOG)
     _engine_args(g)
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
-    g.add_argument("--input", help="JSONL file: one {\"prompt\": ..., <SamplingParams fields>} or string per line")
-    g.add_argument("--output", help="write one JSON result per line here (with --input)")
-    g.add_argument("--max-tokens", type=int, default=None)
-    g.add_argument("--temperature", type=float, default=0.0,
-                   help="0 = greedy (the default here, so answers are reproducible as printed)")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--input", metavar="FILE", help="JSONL batch job: one prompt per line (see below)")
+    g.add_argument("--output", metavar="FILE",
+                   help="with --input: write results here as they finish (default: stdout)")
+    g.add_argument("--resume", action="store_true",
+                   help="with --output: skip input lines that already have a record in it")
+    _sampling_args(g)
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop string (repeatable; not included in the text)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
     g.add_argument("--chat-template", choices=("auto", "on", "off"), default="auto",
                    help="auto: on for instruct models (the model says so), off otherwise")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
@@ -30,11 +46,11 @@ def add_parser(sub) -> None:
 
     b = sub.add_parser("bench", help="offline throughput and latency (TTFT, TPOT, tokens/s)")
     _engine_args(b)
-    b.add_argument("--num-prompts", type=int, default=16)
-    b.add_argument("--input-len", type=int, default=32)
-    b.add_argument("--output-len", type=int, default=16)
-    b.add_argument("--temperature", type=float, default=0.0)
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--num-prompts", type=int, default=16, help="random-token prompts, all queued at once")
+    b.add_argument("--input-len", type=int, default=32, help="tokens per prompt")
+    b.add_argument("--output-len", type=int, default=16, help="tokens generated per prompt (EOS ignored)")
+    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    b.add_argument("--seed", type=int, default=0, help="seed of the prompts and the sampler")
     b.add_argument("--json", action="store_true", help="print the result as one JSON object")
     b.set_defaults(func=cmd_bench)
 
@@ -47,20 +63,39 @@ def add_parser(sub) -> None:
     cli_perplexity.add_parser(sub)
 
 
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    from shuili.core.sampling_params import SamplingParams
+
+    for name in SAMPLING_FLAGS:
+        info = SamplingParams.model_fields[name]
+        kind = float if info.annotation is float else int
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=CLI_DEFAULTS.get(name, info.default),
+                       help=info.description or name.replace("_", " "))
+
+
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--platform", default=None, help="reference | nvidia | ascend | auto")
-    p.add_argument("--model", default=None, help="model name, checkpoint directory or .gguf file")
-    p.add_argument("--config", default=None, help="EngineConfig as .json or .toml")
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--num-blocks", type=int, default=None)
-    p.add_argument("--overlap", action="store_true", default=None)
+    from shuili.core.config import EngineConfig
+
+    def default(name: str) -> str:  # the flag's default is None: "not given", so --config can set it
+        return f"(unset: --config's value, else {EngineConfig.model_fields[name].default})"
+
+    p.add_argument("--platform", default=None, help="reference | nvidia | ascend | auto | a plugin's name "
+                   "(unset: --config's value, else auto)")
+    p.add_argument("--model", default=None, help="model name, checkpoint directory or .gguf file " + default("model"))
+    p.add_argument("--config", default=None, metavar="FILE", help="EngineConfig fields as a .json or .toml file")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="most requests running at once " + default("max_num_seqs"))
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget of one step " + default("max_num_batched_tokens"))
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (unset: the model's limit)")
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help="KV blocks per cache group (unset: from the KV memory budget)")
+    p.add_argument("--overlap", action="store_true", default=None,
+                   help="prepare step N+1 on the host while step N runs")
     p.add_argument("--enforce-eager", action="store_true", default=None,
                    help="never replay decode steps as device graphs")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (results do not depend on it; 1 is fastest for the "
-                        "reference platform's small tiled GEMMs on a busy machine)")
+                        "reference platform's small tiled GEMMs on a busy machine; unset: torch's choice)")
 
 
 def _config(args):
@@ -92,70 +127,73 @@ def _is_instruct(model) -> bool:
     return bool(getattr(getattr(model, "tokenizer", None), "chat_template", None))
 
 
-def _read_jsonl(path: str, defaults: dict):
-    from shuili.core.sampling_params import SamplingParams
-
-    prompts, params = [], []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            item = json.loads(line)
-            if isinstance(item, str):
-                item = {"prompt": item}
-            if not isinstance(item, dict) or "prompt" not in item:
-                raise ValueError(f"{path}:{n}: each line must be a string or an object with \"prompt\"")
-            prompts.append(item.pop("prompt"))
-            params.append(SamplingParams(**{**defaults, **item}))
-    return prompts, params
+def _sampling_defaults(args) -> dict:
+    flags = {name: getattr(args, name) for name in SAMPLING_FLAGS}
+    return {**flags, "stop": args.stop, "ignore_eos": args.ignore_eos}
 
 
-def _record(o) -> dict:
-    return {"request_id": o.request_id, "prompt": o.prompt, "text": o.text, "token_ids": o.token_ids,
-            "logprobs": o.logprobs, "seed": o.seed, "finish_reason": o.finish_reason, "error": o.error}
+def _chat(args, llm) -> bool:
+    return args.chat_template == "on" or (args.chat_template == "auto" and _is_instruct(llm.engine.model))
 
 
 def cmd_generate(args) -> int:
+    from shuili.core.batch import completion_record
     from shuili.core.sampling_params import SamplingParams
 
-    defaults = {k: v for k, v in {"max_tokens": args.max_tokens, "temperature": args.temperature,
-                                  "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}.items()
-                if v is not None}
-    if args.ignore_eos:
-        defaults["ignore_eos"] = True
     if args.input:
-        prompts, params = _read_jsonl(args.input, defaults)
-    elif args.prompt:
-        prompts, params = args.prompt, [SamplingParams(**defaults)] * len(args.prompt)
-    else:
+        return _generate_batch(args)
+    if not args.prompt:
         raise ValueError("give --prompt TEXT (repeatable) or --input prompts.jsonl")
+    if args.output or args.resume:
+        raise ValueError("--output and --resume go with --input FILE (a batch job)")
+    params = SamplingParams(**_sampling_defaults(args))
     llm = _llm(args)
-    chat = args.chat_template == "on" or (args.chat_template == "auto" and _is_instruct(llm.engine.model))
-    progress = None
-    bar = None
-    if args.input:
-        from tqdm import tqdm
+    outs = llm.generate(args.prompt, params, apply_chat_template=_chat(args, llm))
+    for o in outs:
+        if args.json:
+            print(json.dumps({"request_id": o.request_id, "prompt": o.prompt,
+                              "outputs": [completion_record(c) for c in o.outputs]}))
+            continue
+        for c in o.outputs:
+            print(c.text if c.error is None else f"[error] {c.error}")
+    return 1 if any(c.finish_reason == "error" for o in outs for c in o.outputs) else 0
 
-        bar = tqdm(total=sum(p.n for p in params), desc="generate", unit="req", file=sys.stderr)
-        progress = lambda done: bar.update(done - bar.n)  # noqa: E731
-    outs = llm.generate(prompts, params, apply_chat_template=chat, progress=progress)
-    if bar is not None:
-        bar.close()
-    sink = open(args.output, "w") if args.output else None
+
+def _generate_batch(args) -> int:
+    from tqdm import tqdm
+
+    from shuili.core import batch
+
+    if args.resume and not args.output:
+        raise ValueError("--resume needs --output FILE (the file to continue)")
+    lines = batch.read_input(args.input, _sampling_defaults(args))
+    fd, done = batch.open_output(args.output, args.resume) if args.output else (None, set())
+    sink = batch.Sink(fd)
+    todo = [x for x in lines if x.number not in done]
+    bar = tqdm(total=len(todo), desc="generate", unit="line", file=sys.stderr, disable=not todo)
     try:
-        for o in outs:
-            rec = _record(o)
-            if sink is not None:
-                sink.write(json.dumps(rec) + "\n")
-            if args.json:
-                print(json.dumps(rec))
-            elif sink is None:
-                print(o.text if o.error is None else f"[error] {o.error}")
+        summary = batch.Summary(pending=0)
+        if todo:
+            llm = _llm(args)
+            summary = batch.run(llm, todo, sink, _chat(args, llm), lambda n: bar.update(n - bar.n))
     finally:
-        if sink is not None:
-            sink.close()
-    return 1 if any(o.finish_reason == "error" for o in outs) else 0
+        bar.close()
+        sink.close()
+    _report(args, summary, len(done))
+    if summary.signum is not None:
+        return batch.INTERRUPT_EXIT[summary.signum]
+    return 1 if summary.failed else 0
+
+
+def _report(args, summary, skipped: int) -> None:
+    dest = args.output or "stdout"
+    said = f"shuili: {summary.written} of {summary.pending} lines written to {dest} ({summary.failed} failed"
+    said += f"; {skipped} already there were skipped)" if skipped else ")"
+    print(said, file=sys.stderr)
+    if summary.signum is not None:
+        how = ("rerun the same command with --resume to answer only those" if args.output
+               else "rerun with --output FILE to make the job resumable")
+        print(f"shuili: interrupted: {summary.remaining} lines were not answered; {how}", file=sys.stderr)
 
 
 def run_bench(llm, num_prompts: int, input_len: int, output_len: int, temperature: float = 0.0,

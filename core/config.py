@@ -1,18 +1,22 @@
 """Engine configuration (pydantic), loadable from JSON or TOML (`shuili generate --config FILE`)."""
 from __future__ import annotations
 
-import json
 import os
 import tomllib
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from shuili.core.errors import ReadableErrors, format_validation_error, read_json
 from shuili.core.models import DEFAULT_MODEL
 from shuili.hal import PlatformConfig
 
 
-class EngineConfig(BaseModel):
+_AT_LEAST = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "tokens_per_block": 1, "kv_cache_bytes": 1,
+             "num_blocks": 1, "max_model_len": 2}
+
+
+class EngineConfig(ReadableErrors, BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(DEFAULT_MODEL, description="a registered name, a checkpoint directory or a .gguf file")
@@ -38,32 +42,42 @@ class EngineConfig(BaseModel):
             return PlatformConfig(platform=v)
         return v
 
-    @model_validator(mode="after")
-    def _check(self):
-        problems = []
-        for name in ("max_num_seqs", "max_num_batched_tokens", "tokens_per_block", "kv_cache_bytes"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be >= 1")
-        if self.num_blocks is not None and self.num_blocks < 1:
-            problems.append(f"num_blocks={self.num_blocks} must be >= 1 (or None for the memory budget)")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            problems.append(f"max_model_len={self.max_model_len} must be >= 2")
-        if problems:
-            raise ValueError("invalid EngineConfig: " + "; ".join(problems))
-        return self
+    @field_validator(*_AT_LEAST)
+    @classmethod
+    def _at_least(cls, v, info: ValidationInfo):
+        # per field, so a bad value is reported as "field: rule, got value" (core/errors.py)
+        low = _AT_LEAST[info.field_name]
+        if v is not None and v < low:
+            raise ValueError(f"must be >= {low}")
+        return v
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineConfig":
-        """JSON (.json) or TOML (.toml); keys are EngineConfig fields; `overrides` win."""
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"config file {path!r} does not exist")
-        if path.endswith(".toml"):
+        """JSON (.json) or TOML (.toml); keys are EngineConfig fields; `overrides` win. Errors name
+        the file and the line (syntax) or the field (values)."""
+        data = _read_config_file(path)
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(format_validation_error(exc, prefix=path)) from None
+
+
+def _read_config_file(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file {path!r} does not exist")
+    if not path.endswith((".toml", ".json")):
+        raise ValueError(f"config file {path!r}: use a .json or .toml file")
+    if path.endswith(".json"):
+        data = read_json(path)
+    else:
+        try:
             with open(path, "rb") as f:
                 data = tomllib.load(f)
-        elif path.endswith(".json"):
-            with open(path) as f:
-                data = json.load(f)
-        else:
-            raise ValueError(f"config file {path!r}: use a .json or .toml file")
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(data)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not valid TOML: {exc}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not a text file (expected UTF-8 TOML)") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected an object of EngineConfig fields, got {type(data).__name__}")
+    return data

@@ -17,7 +17,7 @@ import time
 
 from shuili.core.config import EngineConfig
 from shuili.core.kv_cache import KVCacheManager
-from shuili.core.outputs import RequestOutput
+from shuili.core.outputs import CompletionOutput, RequestOutput
 from shuili.core.request import Request
 from shuili.core.runner import ModelRunner, StepResult
 from shuili.core.sampling_params import SamplingParams
@@ -180,10 +180,12 @@ class Engine:
 
     def output(self, req: Request) -> RequestOutput:
         done = req.finished
-        return RequestOutput(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+        completion = CompletionOutput(
             token_ids=list(req.output_token_ids), text=self.text(req), logprobs=list(req.logprobs),
-            prompt_logprobs=list(req.prompt_logprobs) if req.params.prompt_logprobs else None,
-            seed=req.seed, finish_reason=req.finish_reason, error=req.error, finished=done,
+            seed=req.seed, finish_reason=req.finish_reason, error=req.error,
             num_preemptions=req.num_preemptions,
             metrics={"arrival": req.t_arrival, "first_token": req.t_first_token, "finish": req.t_finish})
+        return RequestOutput(
+            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+            prompt_logprobs=list(req.prompt_logprobs) if req.params.prompt_logprobs else None,
+            outputs=[completion], finished=done)

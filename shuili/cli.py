@@ -14,9 +14,27 @@ SUBCOMMANDS = (
 )
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Appends each flag's default unless it is "not given" or the help already says it; keeps
+    epilogs' line breaks."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == []
+        if unset or action.default is argparse.SUPPRESS or "default" in text or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Every subcommand's parser (nested ones inherit the class), so every --help shows defaults."""
+
+    def __init__(self, *args, formatter_class=HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="shuili", description="DeepSeek-V4 inference on a pluggable hardware abstraction layer")
+    parser = Parser(prog="shuili", description="DeepSeek-V4 inference on a pluggable hardware abstraction layer")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS:
@@ -43,11 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # user-facing errors: one line, no traceback unless -vv
+        from shuili.core.errors import describe
         from shuili.hal import HALError
 
         known = (HALError, ValueError, FileNotFoundError)
         if isinstance(exc, known) and args.verbose < 2:
-            print(f"shuili: error: {exc}", file=sys.stderr)
+            for line in describe(exc).splitlines():
+                print(f"shuili: error: {line}", file=sys.stderr)
             return 1
         raise
 

@@ -1,7 +1,6 @@
 """Model registry: a name, a checkpoint directory or a GGUF file -> a `Model` on a platform."""
 from __future__ import annotations
 
-import json
 import os
 
 from shuili.hal import DispatchTable
@@ -37,8 +36,10 @@ def load_model(name_or_path: str, ops: DispatchTable, device: str = "cpu", dtype
         if not os.path.isfile(cfg_path):
             raise FileNotFoundError(f"{name_or_path!r} has no config.json; point --model at a "
                                     "checkpoint directory, a .gguf file or one of " + ", ".join(known_models()))
-        with open(cfg_path) as f:
-            model_type = json.load(f).get("model_type")
+        from shuili.core.errors import read_json
+
+        raw = read_json(cfg_path)
+        model_type = raw.get("model_type") if isinstance(raw, dict) else None
         if model_type == "deepseek_v4":
             from shuili.core.models import deepseek_v4
 

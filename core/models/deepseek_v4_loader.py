@@ -152,8 +152,11 @@ def read_config(path: str, **overrides) -> V4Config:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path!r} has no config.json")
-    with open(cfg_path) as f:
-        raw = json.load(f)
+    from shuili.core.errors import read_json
+
+    raw = read_json(cfg_path)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cfg_path}: expected an object of config fields, got {type(raw).__name__}")
     return V4Config.from_hf(raw, **overrides)
 
 
@@ -169,16 +172,28 @@ def _e8m0_bytes(s: torch.Tensor) -> torch.Tensor:
     return s.view(torch.uint8)
 
 
+def _open_safetensors(path: str):
+    from safetensors import SafetensorError, safe_open
+
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes); expected a safetensors file (re-download it)")
+    try:
+        return safe_open(path, "pt")
+    except SafetensorError as exc:
+        reason = str(exc).removeprefix("Error while deserializing header: ")
+        raise CheckpointError(f"{path} is not a readable safetensors file ({reason}): expected an 8-byte "
+                              "header length, a JSON header and every tensor's bytes; the file is "
+                              "corrupt or truncated (re-download it)") from None
+
+
 class _Reader:
     """Tensor name -> (file, lazily opened memory map)."""
 
     def __init__(self, path: str):
-        from safetensors import safe_open
-
         files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
         if not files:
             raise FileNotFoundError(f"{path!r} has no *.safetensors files")
-        self.handles = {f: safe_open(os.path.join(path, f), "pt") for f in files}
+        self.handles = {f: _open_safetensors(os.path.join(path, f)) for f in files}
         self.where = {k: f for f, h in self.handles.items() for k in h.keys()}
 
     def has(self, name: str) -> bool:

@@ -76,6 +76,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file {path!r} does not exist")
+    if os.path.getsize(path) == 0:  # np.memmap's own error names neither the file nor the fix
+        raise ValueError(f"{path} is empty (0 bytes); expected a GGUF file (re-download it)")
     buf = np.memmap(path, dtype=np.uint8, mode="r")
     r = _Cursor(buf.data, path)
     if bytes(buf[:4]) != b"GGUF":

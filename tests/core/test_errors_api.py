@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from shuili import LLM, RequestOutput, SamplingParams
 from shuili.core.config import EngineConfig
+from shuili.core.errors import FieldErrors, describe
 
 PROMPTS, PARAMS = workload(6, seed=3)
 
@@ -19,13 +20,13 @@ def llm():
 
 
 def test_invalid_sampling_params_name_the_field():
-    with pytest.raises(ValidationError, match="top_p"):
+    with pytest.raises(ValueError, match="^top_p: "):
         SamplingParams(top_p=0.0)
-    with pytest.raises(ValidationError, match="temperature"):
+    with pytest.raises(ValueError, match="^temperature: "):
         SamplingParams(temperature=-0.5)
-    with pytest.raises(ValidationError, match="Extra inputs"):
+    with pytest.raises(ValueError, match="^temprature: unknown field"):
         SamplingParams(temprature=1.0)
-    with pytest.raises(ValidationError, match="seed"):
+    with pytest.raises(ValueError, match="^seed: "):
         SamplingParams(seed=-1)
 
 
@@ -64,12 +65,45 @@ def test_request_too_big_for_the_cache():
 def test_outputs_in_input_order_with_n_and_seeds(llm):
     p = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=6, ignore_eos=True)
     outs = llm.generate(["one", "two"], p)
-    assert len(outs) == 6 and [o.prompt for o in outs] == ["one"] * 3 + ["two"] * 3
-    assert [o.seed for o in outs[:3]] == [11, 12, 13]
-    assert len({tuple(o.token_ids) for o in outs[:3]}) > 1
+    assert len(outs) == 2 and [o.prompt for o in outs] == ["one", "two"]
+    first = outs[0].outputs
+    assert [c.index for c in first] == [0, 1, 2] and [c.seed for c in first] == [11, 12, 13]
+    assert all(len(c.token_ids) == 6 == len(c.logprobs) and c.finish_reason == "length" for c in first)
+    assert len({tuple(c.token_ids) for c in first}) > 1
+    with pytest.raises(ValueError, match="read .outputs"):
+        outs[0].text  # noqa: B018 - ambiguous with n=3
     # any answer replays alone from its recorded seed
-    replay = llm.generate(["one"], p.model_copy(update={"n": 1, "seed": outs[1].seed}))[0]
-    assert bits(replay) == bits(outs[1])
+    replay = llm.generate(["one"], p.model_copy(update={"n": 1, "seed": first[1].seed}))[0]
+    assert bits(replay) == bits(first[1])
+
+
+@pytest.mark.parametrize("prompts, expect", [
+    ([["a", "b"]], "prompts[0] is a list containing str 'a'"),
+    (["ok", None], "prompts[1] is NoneType"),
+    ([3.5], "prompts[0] is float"),
+    (7, "prompts is a int"),
+])
+def test_bad_prompt_types_name_the_index(llm, prompts, expect):
+    with pytest.raises(TypeError) as info:
+        llm.generate(prompts, SamplingParams(max_tokens=1))
+    assert str(info.value).startswith(expect)
+
+
+def test_prompt_forms_match_vllm(llm):
+    p = SamplingParams(temperature=0.0, max_tokens=2)
+    ids = [104, 105]
+    forms = [llm.generate(x, p) for x in ("hi", ids, [ids], {"prompt": "hi"}, [{"prompt_token_ids": ids}])]
+    assert all(len(outs) == 1 for outs in forms)
+    assert len({bits(outs[0]) for outs in forms}) == 1
+
+
+def test_chat_renders_the_template(llm):
+    p = SamplingParams(temperature=0.0, max_tokens=1)
+    (chat,) = llm.chat([{"role": "user", "content": "hi"}], p)
+    assert chat.prompt_token_ids == list(b"<user>hi<bot>")
+    assert len(llm.chat([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], p)) == 2
+    with pytest.raises(TypeError, match="conversation 0"):
+        llm.chat([["hi"]], p)
 
 
 def test_unseeded_request_records_a_replayable_seed(llm):
@@ -153,9 +187,9 @@ def test_engine_config_from_json_and_toml(tmp_path):
     b = EngineConfig.from_file(str(t), max_num_seqs=5)
     assert a.max_num_seqs == 3 and a.platform.platform == "reference"
     assert b.max_num_batched_tokens == 99 and b.policy == "priority" and b.max_num_seqs == 5
-    with pytest.raises(ValidationError, match="max_num_seqs"):
+    with pytest.raises(ValueError, match="^max_num_seqs: must be >= 1, got 0$"):
         EngineConfig(max_num_seqs=0)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValueError, match="^polcy: unknown field"):
         EngineConfig(polcy="fcfs")
 
 
@@ -168,3 +202,44 @@ def test_lazy_top_level_exports():
     import shuili
 
     assert shuili.LLM is LLM and shuili.SamplingParams is SamplingParams
+
+
+def test_validation_errors_read_one_line_per_field():
+    """Raised as FieldErrors, a ValueError as vLLM raises, not pydantic's raw text."""
+    with pytest.raises(FieldErrors) as info:
+        SamplingParams(temperature=-1, top_p=0, temprature=1.0)
+    assert str(info.value).splitlines() == info.value.problems == [
+        "temperature: must be >= 0 (0 = greedy), got -1",
+        "top_p: must be in (0, 1] (1 turns it off), got 0",
+        "temprature: unknown field (check its spelling)"]
+    with pytest.raises(FieldErrors, match=r"^temperature: input should be a finite number, got nan$"):
+        SamplingParams(temperature=float("nan"))
+    # the server validates request bodies with model_validate: pydantic's error, formatted the same
+    with pytest.raises(ValidationError) as info:
+        SamplingParams.model_validate({"min_p": 2})
+    assert describe(info.value) == "min_p: must be in [0, 1] (0 turns it off), got 2"
+
+
+@pytest.mark.parametrize("name, text, expect", [
+    ("bad.json", '{"max_num_seqs": 2\n "policy": "fcfs"}', "bad.json:2:2: not valid JSON"),
+    ("bad.toml", "max_num_seqs = \n", "bad.toml: not valid TOML"),
+    ("list.json", "[1, 2]", "list.json: expected an object of EngineConfig fields, got list"),
+    ("range.toml", "max_num_seqs = 0\n", "range.toml: max_num_seqs: must be >= 1, got 0"),
+])
+def test_config_file_errors_name_the_file(tmp_path, name, text, expect):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        EngineConfig.from_file(str(path))
+    assert str(info.value).startswith(str(tmp_path / expect.split(":")[0]) + expect[len(name):])
+
+
+def test_llm_defaults_to_the_cli_model(monkeypatch):
+    from shuili.core import api
+    from shuili.core.cli import _config
+    from shuili.cli import build_parser
+
+    monkeypatch.setattr(api, "Engine", lambda config, model=None: type("E", (), {"config": config}))
+    cli_args = build_parser().parse_args(["generate", "--prompt", "x"])
+    assert LLM().engine.config == _config(cli_args)
+    assert LLM().engine.config.model == "smollm2-135m"

@@ -187,3 +187,28 @@ def test_random_weights_do_not_depend_on_the_device(tiny, device):
         assert (b.device.type, b.dtype, b.shape) == (device, a.dtype, a.shape), name
         if device != "meta":  # meta holds no values: it shows only that nothing is drawn there
             assert torch.equal(b.cpu(), a), name
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda p: p.write_bytes(b"\xff" * 1000), "is not a readable safetensors file (header too large)"),
+    (lambda p: p.write_bytes(b""), "is empty (0 bytes); expected a safetensors file"),
+    (lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]), "file not fully covered"),
+])
+def test_corrupt_safetensors_names_the_file(ops, good_ckpt, tmp_path, damage, words):
+    from shuili.core.models import load_model
+
+    (tmp_path / "config.json").write_text((good_ckpt / "config.json").read_text())
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes((good_ckpt / "model.safetensors").read_bytes())
+    damage(weights)
+    with pytest.raises(CheckpointError) as e:
+        load_model(str(tmp_path), ops)
+    assert str(e.value).startswith(f"{weights} ") and words in str(e.value)
+
+
+def test_bad_checkpoint_config_json_names_the_line(ops, tmp_path):
+    from shuili.core.models import load_model
+
+    (tmp_path / "config.json").write_text('{"model_type": "deepseek_v4",\n "vocab_size": }')
+    with pytest.raises(ValueError, match=r"config.json:2:16: not valid JSON"):
+        load_model(str(tmp_path), ops)

@@ -90,6 +90,10 @@ def test_truncated_and_foreign_files_are_clear_errors(synthetic_gguf, tmp_path):
         read_gguf(str(other))
     with pytest.raises(FileNotFoundError):
         read_gguf(str(tmp_path / "missing.gguf"))
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=f"^{empty} is empty \\(0 bytes\\); expected a GGUF file"):
+        read_gguf(str(empty))
     with pytest.raises(ValueError, match="tensor 'nope' is missing"):
         read_gguf(synthetic_gguf).tensor("nope")
 

@@ -158,7 +158,8 @@ def test_cli_generate_by_name_matches_transformers_greedy(model, hf_greedy, caps
     rc = main(["generate", "--model", "smollm2-135m", "--platform", "reference", "--temperature", "0",
                "--max-tokens", str(NEW_TOKENS), "--num-blocks", "64", "--json", "--prompt", QUESTION])
     assert rc == 0
-    (out,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    (rec,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    (out,) = rec["outputs"]
     ref = hf_greedy[0][1]
     eos = model.tokenizer.eos_token_ids
     assert out["error"] is None
@@ -181,3 +182,17 @@ def test_perplexity_engine_equals_direct_and_transformers(model, ops, hf):
             lp = torch.log_softmax(hf(torch.tensor([e.token_ids])).logits[0, :-1].double(), -1)
         nll = -float(lp.gather(1, torch.tensor(e.token_ids[1:])[:, None]).sum())
         assert abs(e.nll - nll) / nll <= RTOL
+
+
+def test_api_chat_answers_as_the_cli(model, hf_greedy):
+    """llm.chat() renders the same template as `shuili generate` (checked above against the same
+    transformers greedy run), so the API and the CLI give the same answer."""
+    from shuili import LLM, SamplingParams
+
+    llm = LLM(model=model, platform="reference", num_blocks=64)
+    (out,) = llm.chat([{"role": "user", "content": QUESTION}],
+                      SamplingParams(temperature=0, max_tokens=NEW_TOKENS))
+    ref = hf_greedy[0][1]
+    eos = model.tokenizer.eos_token_ids
+    assert out.outputs[0].token_ids == ref[:next((i + 1 for i, t in enumerate(ref) if t in eos), len(ref))]
+    assert "Paris" in out.outputs[0].text
