@@ -190,6 +190,7 @@ class Engine:
 
     def _process(self, out: SchedulerOutput, res: StepResult) -> list[Request]:
         tok, lps, bad, plp = res.to_host()
+        top = res.top_to_host()
         for (req, p, _), v in zip(res.prompt_rows, plp):
             req.prompt_logprobs[p] = v
         for c in out.chunks:
@@ -204,6 +205,8 @@ class Engine:
             if bad[i]:
                 self._finish(req, "error", NAN_ERROR)
             else:
+                if top is not None and req.params.top_logprobs:
+                    req.top_logprobs.append(top[i][:req.params.top_logprobs])
                 self._append(req, tok[i], lps[i])
             touched.append(req)
         return touched

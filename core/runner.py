@@ -37,6 +37,13 @@ class StepResult:
     prompt_logprobs: torch.Tensor | None = None  # float32 [len(prompt_rows)]
     index: dict[str, int] = field(default_factory=dict)  # request id -> sample row
     download: Download | None = None  # started when the step is launched
+    top: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, logprobs) [S, k] when a row asks
+
+    def top_to_host(self) -> list[list[tuple[int, float]]] | None:
+        if self.top is None:
+            return None
+        ids, lps = self.top
+        return [list(zip(i, v)) for i, v in zip(ids.tolist(), lps.tolist())]
 
     def to_host(self):
         """(tokens, logprobs, bad, prompt logprobs) as lists; waits for this step only."""
@@ -151,6 +158,7 @@ class ModelRunner:
             res.sampled, res.logprobs, res.bad = self.sampler(logits[step.sample_idx], sample_rows, prev,
                                                             eos=tuple(self.model.tokenizer.eos_token_ids))
             res.index = {s.req.request_id: i for i, s in enumerate(sample_rows)}
+            res.top = self.sampler.top_logprobs(logits[step.sample_idx], sample_rows)
         if prompt_rows:
             lp = self.ops.log_softmax(logits[step.prompt_idx])
             res.prompt_logprobs = lp.gather(1, step.prompt_targets[:, None])[:, 0]

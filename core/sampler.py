@@ -90,3 +90,15 @@ class Sampler:
             self.device), **hints)
         lps = raw_lp.gather(1, tokens[:, None])[:, 0]
         return tokens, lps, bad
+
+    def top_logprobs(self, logits: torch.Tensor, rows: list[SampleRow]):
+        """(ids int64 [S, k], logprobs float32 [S, k]) of the raw distribution, k the largest
+        top_logprobs asked in this batch, or None when no row asks. The same log_softmax as the
+        sampled token's logprob, so a sampled token listed here has the same bits."""
+        k = max(r.req.params.top_logprobs for r in rows)
+        if k == 0:
+            return None
+        lp = self.ops.log_softmax(logits)
+        # a stable sort keeps equal logprobs in id order: ties go to the lowest token id
+        vals, ids = torch.sort(lp.to(torch.float32), dim=-1, descending=True, stable=True)
+        return ids[:, :k], vals[:, :k]

@@ -6,6 +6,7 @@ import math
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_SEED = 2**63 - 1
+MAX_TOP_LOGPROBS = 20  # OpenAI's chat limit; each alternative costs a full-vocabulary sort per step
 
 
 class SamplingParams(BaseModel):
@@ -27,6 +28,8 @@ class SamplingParams(BaseModel):
     seed: int | None = Field(None, description="None = a fresh seed, recorded in the output")
     logprobs: bool = Field(True, description="return the sampled tokens' float32 logprobs")
     prompt_logprobs: bool = Field(False, description="logprob of every prompt token after the first")
+    top_logprobs: int = Field(0, description="also return this many most likely tokens per position, "
+                              "float32, ties by lowest token id")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -70,6 +73,8 @@ class SamplingParams(BaseModel):
             problems.append("stop strings must not be empty")
         if any(t < 0 for t in self.stop_token_ids):
             problems.append(f"stop_token_ids {self.stop_token_ids} must be token ids >= 0")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            problems.append(f"top_logprobs={self.top_logprobs} must be in [0, {MAX_TOP_LOGPROBS}]")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             problems.append(f"seed={self.seed} must be in [0, 2**63 - 1]")
         if problems:
