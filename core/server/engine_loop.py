@@ -96,14 +96,19 @@ class EngineLoop:
         sched = self.engine.scheduler
         return len(sched.requests) - len(sched.running)
 
+    def would_wait(self, n: int) -> int:
+        """Requests left waiting once n more arrive and the free running slots take their share."""
+        sched = self.engine.scheduler
+        return self.num_waiting() + n - max(sched.max_num_seqs - len(sched.running), 0)
+
     async def submit(self, rid: str, items: list[tuple[list[int], SamplingParams]]) -> asyncio.Queue:
         """Queue all items or none (ValueError / Overloaded). The queue gets (choice, Snapshot)."""
         queue: asyncio.Queue = asyncio.Queue()
 
         def add():
-            if self.max_waiting is not None and self.num_waiting() + len(items) > self.max_waiting:
-                raise Overloaded(f"{self.num_waiting()} requests are waiting (--max-waiting "
-                                 f"{self.max_waiting}); retry later")
+            if self.max_waiting is not None and self.would_wait(len(items)) > self.max_waiting:
+                raise Overloaded(f"{self.num_waiting()} requests are waiting for admission and this one "
+                                 f"would exceed --max-waiting {self.max_waiting}; retry later")
             added = []
             try:
                 for i, (ids, params) in enumerate(items):
