@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from shuili.core.sampling_params import MAX_SEED, MAX_TOP_LOGPROBS
 
@@ -84,13 +84,12 @@ class SamplingFields(BaseModel):
             raise ValueError("must be token ids >= 0")
         return v
 
-    @model_validator(mode="after")
-    def _combos(self):
+    def check(self) -> None:
+        """Rules across fields, raised with the field they are about as `param`."""
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed with stream: true")
+            raise APIError("stream_options is only allowed with stream: true", "stream_options")
         if self.logit_bias:
-            raise ValueError("logit_bias is not supported; leave it out")
-        return self
+            raise APIError("logit_bias is not supported; leave it out", "logit_bias")
 
 
 def _prompt(v: Any) -> list[str | list[int]]:
@@ -125,33 +124,42 @@ class CompletionRequest(SamplingFields):
     def _prompt(cls, v):
         return _prompt(v)
 
-    @model_validator(mode="after")
-    def _unsupported(self):
+    def check(self) -> None:
+        super().check()
         if self.echo:
-            raise ValueError("echo is not supported; leave it out or set it to false")
+            raise APIError("echo is not supported; leave it out or set it to false", "echo")
         if self.suffix:
-            raise ValueError("suffix is not supported; leave it out")
+            raise APIError("suffix is not supported; leave it out", "suffix")
         if self.best_of not in (None, self.n):
-            raise ValueError("best_of is not supported; leave it out or make it equal to n")
-        return self
+            raise APIError("best_of is not supported; leave it out or make it equal to n", "best_of")
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    type: Literal["text"]
-    text: str
+def _content(v: Any) -> str:
+    """A string, null, or a list of {"type": "text", "text": ...} parts -> the text."""
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                   and isinstance(p.get("text"), str) for p in v):
+        return "".join(p["text"] for p in v)
+    raise ValueError('must be a string or a list of {"type": "text", "text": "..."} parts '
+                     "(only text content is supported)")
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: Any = Field(None, validate_default=True)
     name: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text(cls, v):
+        return _content(v)
+
     def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
-        return self.content or ""
+        return self.content
 
 
 class ChatRequest(SamplingFields):
@@ -161,13 +169,13 @@ class ChatRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    @model_validator(mode="after")
-    def _chat_combos(self):
+    def check(self) -> None:
+        super().check()
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise APIError("top_logprobs needs logprobs: true", "top_logprobs")
         if self.messages[-1].role == "assistant":
-            raise ValueError("the last message must not be the assistant's; end with a user message")
-        return self
+            raise APIError("messages: the last message must not be the assistant's; end with a user "
+                           "message", "messages")
 
     @property
     def limit(self) -> int | None:
@@ -207,9 +215,11 @@ def parse(model: type[BaseModel], body: bytes):
     if not body.strip():
         raise APIError("the body is empty; send a JSON object", None)
     try:
-        return model.model_validate_json(body)
+        req = model.model_validate_json(body)
     except ValidationError as exc:
         lines = [_line(model, e) for e in exc.errors()]
         if any(e["type"] == "model_type" and not e["loc"] for e in exc.errors()):
             raise APIError("the body must be a JSON object", None) from None
         raise APIError("; ".join(dict.fromkeys(m for _, m in lines)), lines[0][0]) from None
+    req.check()
+    return req

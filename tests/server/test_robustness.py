@@ -43,33 +43,36 @@ def idle(st: dict) -> bool:
 
 
 TOO_LONG = "hello " * 600
-BAD = [  # (endpoint, raw body, words the message must contain)
-    ("completions", b'{"prompt": "x", ', ["not valid JSON"]),
-    ("completions", b"[1, 2]", ["JSON object"]),
-    ("completions", b"", ["body is empty"]),
-    ("completions", {"max_tokens": 3}, ["prompt is required"]),
-    ("completions", {"prompt": "x", "temperature": "hot"}, ["temperature", "valid number"]),
-    ("completions", {"prompt": "x", "temperature": 3}, ["temperature", "<= 2.0"]),
-    ("completions", {"prompt": "x", "top_p": 0}, ["top_p", "> 0.0"]),
-    ("completions", {"prompt": "x", "n": 0}, ["n:", ">= 1"]),
-    ("completions", {"prompt": "x", "max_tokens": -1}, ["max_tokens", ">= 1"]),
-    ("completions", {"prompt": "x", "max_tokens": "10"}, ["max_tokens", "valid integer"]),
-    ("completions", {"prompt": "x", "model": "gpt-4"}, ["model", "gpt-4", "smollm2-135m"]),
-    ("completions", {"prompt": ""}, ["prompt", "empty"]),
-    ("completions", {"prompt": []}, ["prompt"]),
-    ("completions", {"prompt": TOO_LONG, "max_tokens": 4}, ["prompt", "context length is 512"]),
-    ("completions", {"prompt": [10 ** 9]}, ["prompt", "token ids"]),
-    ("completions", {"prompt": "x", "logprobs": 21}, ["logprobs", "<= 20"]),
-    ("completions", {"prompt": "x", "seed": -1}, ["seed", ">= 0"]),
-    ("completions", {"prompt": "x", "presence_penalty": 5}, ["presence_penalty", "<= 2.0"]),
-    ("completions", {"prompt": "x", "stop": [""]}, ["stop", "non-empty"]),
-    ("completions", {"prompt": "x", "stream_options": {"include_usage": True}}, ["stream_options", "stream"]),
-    ("completions", {"prompt": "x", "min_tokens": 9, "max_tokens": 3}, ["min_tokens"]),
-    ("chat/completions", {"messages": []}, ["messages", "at least 1"]),
-    ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, ["messages.0.role"]),
+BAD = [  # (endpoint, raw body, words the message must contain, the param it names)
+    ("completions", b'{"prompt": "x", ', ["not valid JSON"], None),
+    ("completions", b"[1, 2]", ["JSON object"], None),
+    ("completions", b"", ["body is empty"], None),
+    ("completions", {"max_tokens": 3}, ["prompt is required"], "prompt"),
+    ("completions", {"prompt": "x", "temperature": "hot"}, ["temperature", "valid number"], "temperature"),
+    ("completions", {"prompt": "x", "temperature": 3}, ["temperature", "<= 2.0"], "temperature"),
+    ("completions", {"prompt": "x", "top_p": 0}, ["top_p", "> 0.0"], "top_p"),
+    ("completions", {"prompt": "x", "n": 0}, ["n:", ">= 1"], "n"),
+    ("completions", {"prompt": "x", "max_tokens": -1}, ["max_tokens", ">= 1"], "max_tokens"),
+    ("completions", {"prompt": "x", "max_tokens": "10"}, ["max_tokens", "valid integer"], "max_tokens"),
+    ("completions", {"prompt": "x", "model": "gpt-4"}, ["model", "gpt-4", "smollm2-135m"], "model"),
+    ("completions", {"prompt": ""}, ["prompt", "empty"], "prompt"),
+    ("completions", {"prompt": []}, ["prompt"], "prompt"),
+    ("completions", {"prompt": TOO_LONG, "max_tokens": 4}, ["prompt", "context length is 512"], "prompt"),
+    ("completions", {"prompt": [10 ** 9]}, ["prompt", "token ids"], "prompt"),
+    ("completions", {"prompt": "x", "logprobs": 21}, ["logprobs", "<= 20"], "logprobs"),
+    ("completions", {"prompt": "x", "seed": -1}, ["seed", ">= 0"], "seed"),
+    ("completions", {"prompt": "x", "presence_penalty": 5}, ["presence_penalty", "<= 2.0"], "presence_penalty"),
+    ("completions", {"prompt": "x", "stop": [""]}, ["stop", "non-empty"], "stop"),
+    ("completions", {"prompt": "x", "stream_options": {"include_usage": True}}, ["stream_options", "stream"],
+     "stream_options"),
+    ("completions", {"prompt": "x", "min_tokens": 9, "max_tokens": 3}, ["min_tokens"], None),
+    ("chat/completions", {"messages": []}, ["messages", "at least 1"], "messages"),
+    ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, ["messages.0.role"],
+     "messages.0.role"),
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
-     ["top_logprobs", "logprobs"]),
-    ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, ["messages.0.content"]),
+     ["top_logprobs", "logprobs"], "top_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, ["messages.0.content", "string"],
+     "messages.0.content"),
 ]
 
 
@@ -96,12 +99,12 @@ def test_bad_requests_are_400s_naming_the_problem_while_a_good_stream_runs(serve
     t = _stream_in_thread(server.url, good, result)
     wait_for(server.url, lambda st: st["running"] >= 1)
     with httpx.Client(base_url=f"{server.url}/v1", timeout=60) as http:
-        for endpoint, body, words in BAD:
+        for endpoint, body, words, param in BAD:
             raw = body if isinstance(body, bytes) else json.dumps(body).encode()
             r = http.post(f"/{endpoint}", content=raw, headers={"content-type": "application/json"})
             assert r.status_code == 400, (body, r.text)
             err = r.json()["error"]
-            assert err["type"] == "invalid_request_error" and err["code"] == 400
+            assert err["type"] == "invalid_request_error" and err["code"] == 400 and err["param"] == param, err
             for w in words:
                 assert w in err["message"], (body, err)
         ok = http.post("/completions", json={"prompt": "x", "max_tokens": 1, "an_unknown_field": 1})
