@@ -102,6 +102,9 @@ class KVCacheManager:
         self._sliding = [g for g in groups if g.kind == "sliding"]
         self._prefix = [g for g in groups if g.kind != "sliding"]
         self.num_blocks = num_blocks
+        # admissions only (hits passed): the prefix-cache hit rate is hit / queried tokens
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
 
     # ------------------------------------------------------------------------------ hashing
     def _hashes(self, req: Request, num_blocks: int) -> list[bytes]:
@@ -144,6 +147,13 @@ class KVCacheManager:
     # ----------------------------------------------------------------------------- allocation
     def allocate(self, req: Request, num_new_tokens: int, hits: dict[str, list[int]] | None = None) -> bool:
         """Blocks for tokens up to num_computed + num_new (after applying `hits`); False = no room."""
+        ok = self._allocate(req, num_new_tokens, hits)
+        if ok and hits is not None:
+            self.num_queried_tokens += req.num_real_tokens
+            self.num_hit_tokens += req.num_computed_tokens
+        return ok
+
+    def _allocate(self, req: Request, num_new_tokens: int, hits: dict[str, list[int]] | None) -> bool:
         need = -(-(req.num_computed_tokens + num_new_tokens) // self.P)
         if not hits:
             tables = req.block_ids

@@ -34,6 +34,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     prompt_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per output token
     num_computed_tokens: int = 0
     num_placeholders: int = 0
     # bumped on preemption/abort: results computed for an older epoch are dropped

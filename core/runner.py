@@ -39,12 +39,16 @@ class StepResult:
     prompt_logprobs: torch.Tensor | None = None  # float32 [len(prompt_rows)]
     index: dict[str, int] = field(default_factory=dict)  # request id -> sample row
     download: Pending | None = None  # started when the step is launched
+    top: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, logprobs) [S, k] when a row asks
 
     def to_host(self) -> StepOutput:
         """The step's results as host lists; waits for this step only."""
         tokens, logprobs, bad, prompt_logprobs = self.download.wait()
+        top = None
+        if self.top is not None:
+            top = [list(zip(i, v)) for i, v in zip(self.top[0].tolist(), self.top[1].tolist())]
         return StepOutput(rows=self.sample_rows, tokens=tokens, logprobs=logprobs, bad=bad,
-                          prompt_rows=self.prompt_rows, prompt_logprobs=prompt_logprobs)
+                          prompt_rows=self.prompt_rows, prompt_logprobs=prompt_logprobs, top=top)
 
 
 @dataclass
@@ -205,6 +209,8 @@ class ModelRunner:
             sampled = self.sampler(logits[step.sample_idx], step.sampling)
             res.sampled, res.logprobs, res.bad = sampled.tokens, sampled.logprobs, sampled.bad
             res.index = {s.req.request_id: i for i, s in enumerate(sample_rows)}
+            res.top = self.sampler.top_logprobs(logits[step.sample_idx],
+                                                max(r.req.params.top_logprobs for r in sample_rows))
         if prompt_rows:
             lp = self.ops.log_softmax(logits[step.prompt_idx])
             res.prompt_logprobs = lp.gather(1, step.prompt_targets[:, None])[:, 0]

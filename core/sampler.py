@@ -75,3 +75,14 @@ class Sampler:
         tokens = self.ops.sample(proc, b.temperature, b.top_k, b.top_p, b.min_p, b.seeds, b.positions,
                                  all_greedy=b.all_greedy, any_filter=b.any_filter)
         return SamplerOutput(tokens, raw_lp.gather(1, tokens[:, None])[:, 0], bad)
+
+    def top_logprobs(self, logits: torch.Tensor, k: int):
+        """(ids int64 [S, k], logprobs float32 [S, k]) of the raw distribution, or None for k = 0.
+        The same log_softmax as the sampled token's logprob, so a sampled token listed here has
+        the same bits."""
+        if k == 0:
+            return None
+        lp = self.ops.log_softmax(logits)
+        # a stable sort keeps equal logprobs in id order: ties go to the lowest token id
+        vals, ids = torch.sort(lp.to(torch.float32), dim=-1, descending=True, stable=True)
+        return ids[:, :k], vals[:, :k]

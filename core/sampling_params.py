@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from shuili.core.errors import ReadableErrors
 
 MAX_SEED = 2**63 - 1
+MAX_TOP_LOGPROBS = 20  # OpenAI's chat limit; each alternative costs a full-vocabulary sort per step
 
 
 _RULES = {
@@ -22,6 +23,7 @@ _RULES = {
     "stop": (lambda v: all(v), "must not contain empty strings"),
     "stop_token_ids": (lambda v: all(t >= 0 for t in v), "must be token ids >= 0"),
     "seed": (lambda v: 0 <= v <= MAX_SEED, "must be in [0, 2**63 - 1]"),
+    "top_logprobs": (lambda v: 0 <= v <= MAX_TOP_LOGPROBS, f"must be in [0, {MAX_TOP_LOGPROBS}]"),
 }
 
 
@@ -45,6 +47,8 @@ class SamplingParams(ReadableErrors, BaseModel):
     seed: int | None = Field(None, description="sampler seed; None = a fresh seed, recorded in the output")
     logprobs: bool = Field(True, description="return the sampled tokens' float32 logprobs")
     prompt_logprobs: bool = Field(False, description="logprob of every prompt token after the first")
+    top_logprobs: int = Field(0, description="also return this many most likely tokens per position, "
+                              "float32, ties by lowest token id")
 
     @field_validator("stop", mode="before")
     @classmethod

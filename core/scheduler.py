@@ -79,6 +79,7 @@ class StepOutput:
     bad: list[bool] = field(default_factory=list)  # the row's logits held NaN
     prompt_rows: list[tuple[Request, int]] = field(default_factory=list)  # (request, prompt position)
     prompt_logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] | None = None  # per row: the k most likely (id, logprob)
 
 
 class WaitingQueue:
@@ -288,7 +289,8 @@ class Scheduler:
             if c.current:
                 self.kv.publish(c.req, c.end)
         touched = []
-        for row, token, logprob, bad in zip(result.rows, result.tokens, result.logprobs, result.bad):
+        for i, (row, token, logprob, bad) in enumerate(zip(result.rows, result.tokens, result.logprobs,
+                                                           result.bad)):
             req = row.req
             if req.epoch != row.epoch or req.status is not Status.RUNNING:
                 continue  # preempted, aborted or finished since it was scheduled
@@ -296,6 +298,8 @@ class Scheduler:
             if bad:
                 self.finish(req, "error", NAN_ERROR)
             else:
+                if result.top is not None and req.params.top_logprobs:
+                    req.top_logprobs.append(result.top[i][:req.params.top_logprobs])
                 self._append(req, token, logprob)
             touched.append(req)
         return touched

@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS = (
     "shuili.hal.cli",
     "shuili.core.cli",
+    "shuili.core.server.cli",
     "shuili.conformance.cli",
 )
 

@@ -140,3 +140,16 @@ def test_prompt_logprobs_requests_skip_the_cache():
 def test_tokens_per_block_must_fit_the_ratio():
     with pytest.raises(ValueError, match="multiple"):
         KVCacheManager([CacheGroupSpec(name="c", kind="compressed", layers=(0,), entry_shape=(1,), ratio=3)], 4, P)
+
+
+def test_admissions_count_queried_and_hit_tokens():
+    kv = KVCacheManager([FULL], 16, P)
+    a = req("a", range(13))
+    n, hits = kv.find_cached(a)
+    compute(kv, a, 13, hits)
+    compute(kv, a, 0)  # a running request's allocation is not an admission
+    b = req("b", list(range(9)) + [99])
+    n, hits = kv.find_cached(b)
+    b.num_computed_tokens = n
+    compute(kv, b, 10 - n, hits)
+    assert (kv.num_queried_tokens, kv.num_hit_tokens) == (13 + 10, 8)

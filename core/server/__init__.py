@@ -1,0 +1,1 @@
+"""`shuili serve`: an OpenAI-compatible HTTP server over the engine (FastAPI + uvicorn)."""
