@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
     s.add_argument("--no-overlap", action="store_false", dest="overlap",
                    help="serve without overlap mode (the server turns it on by default)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     s.add_argument("--served-model-name", default=None, help="the name clients pass as `model` "
                    "(default: --model)")
     s.add_argument("--max-waiting", type=int, default=None,
@@ -26,7 +26,8 @@ def add_parser(sub) -> None:
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds running requests may finish before they are aborted")
     s.add_argument("--uvicorn-log-level", default="warning",
-                   choices=("critical", "error", "warning", "info", "debug", "trace"))
+                   choices=("critical", "error", "warning", "info", "debug", "trace"),
+                   help="uvicorn's own log level (shuili's requests are logged by shuili)")
     s.set_defaults(func=cmd_serve)
 
 
