@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import time
 import uuid
@@ -13,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from shuili.core.errors import FieldErrors
 from shuili.core.sampling_params import MAX_SEED, SamplingParams
 from shuili.core.server import openai_format as fmt
 from shuili.core.server.engine_loop import EngineLoop, Overloaded, Snapshot
@@ -82,8 +84,11 @@ class Server:
                 repetition_penalty=req.repetition_penalty, stop=req.stop, stop_token_ids=req.stop_token_ids,
                 max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos, seed=seed,
                 top_logprobs=top)
+        except FieldErrors as exc:  # "field: rule, got value" per line; the first names the param
+            field = re.match(r"(\w+): ", exc.problems[0])
+            raise APIError("; ".join(exc.problems), field and field.group(1)) from None
         except ValueError as exc:
-            raise APIError(str(exc).removeprefix("invalid SamplingParams: "), None) from None
+            raise APIError(str(exc), None) from None
 
     async def submit(self, rid: str, prompts: list[list[int]], req: SamplingFields, max_tokens: int | None,
                      top: int) -> tuple[asyncio.Queue, int]:

@@ -55,5 +55,5 @@ def test_asking_for_alternatives_does_not_change_the_sampled_bits():
 
 
 def test_top_logprobs_range_is_checked():
-    with pytest.raises(ValueError, match="top_logprobs=21 must be in"):
+    with pytest.raises(ValueError, match=r"top_logprobs: must be in \[0, 20\], got 21"):
         SamplingParams(top_logprobs=21)

@@ -45,7 +45,7 @@ def generated():
     for k, p in procs.items():
         stdout, stderr = p.communicate(timeout=sh.START_TIMEOUT_S)
         assert p.returncode == 0, stderr
-        out[k] = json.loads(stdout.splitlines()[-1])
+        out[k] = json.loads(stdout.splitlines()[-1])["outputs"][0]  # one prompt, n = 1
     return out
 
 
