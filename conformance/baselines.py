@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from shuili.conformance.lock import HostSafeLock, atomic_write
+from shuili.hal.capabilities import DeterminismLevel
 from shuili.conformance.report import CheckResult
 
 SCHEMA = 1
@@ -92,7 +93,11 @@ def stack_fingerprint(resolved) -> dict[str, str]:
         "op_levels": hashlib.sha256(json.dumps({n: c.determinism.name for n, c in caps.ops.items()},
                                                sort_keys=True).encode()).hexdigest()[:12],
         "torch": torch.__version__,
-        "device": _device_name(caps.device_type),
+        # a CPU platform whose every op is portable_bitwise computes the same bits on any CPU, ISA,
+        # BLAS and thread count (tests/reference/test_host_independence.py checks the reference)
+        "device": "cpu (host-independent)" if caps.device_type == "cpu" and all(
+            c.determinism >= DeterminismLevel.portable_bitwise for c in caps.ops.values())
+        else _device_name(caps.device_type),
         "cuda": str(torch.version.cuda),
     }
     fp["sha256"] = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]

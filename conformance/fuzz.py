@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from shuili.hal import numerics
 from shuili.hal.formats import KV_FORMATS, WEIGHT_FORMATS, bytes_per_row
 from shuili.hal.ops import OP_NAMES
 from shuili.hal.types import Weight
@@ -56,7 +57,7 @@ class Rng:
         return float(torch.rand((), generator=self.g)) < p
 
     def normal(self, *shape, std: float = 1.0) -> torch.Tensor:
-        return torch.randn(*shape, generator=self.g) * std
+        return numerics.normal(shape, self.g) * std  # torch.randn's bits depend on the CPU's ISA
 
     def uniform(self, *shape, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
         return lo + (hi - lo) * torch.rand(*shape, generator=self.g)
@@ -92,7 +93,7 @@ def _fp8_block_weight(rng: Rng, shape: tuple[int, ...]) -> Weight:
     *lead, n, k = shape
     data = rng.normal(*shape, std=2.0).clamp(-448, 448).to(torch.float8_e4m3fn)
     exps = rng.ints(-8, 1, (*lead, math.ceil(n / 128), math.ceil(k / 128)))
-    return Weight("fp8_block128", data, torch.pow(2.0, exps.float()), tuple(shape))
+    return Weight("fp8_block128", data, numerics.pow2(exps).to(torch.float32), tuple(shape))
 
 
 def _mxfp4_weight(rng: Rng, shape: tuple[int, ...]) -> Weight:
@@ -188,10 +189,11 @@ def gen_rope(rng: Rng, **_) -> Case:
     t, h, rope_dim = rng.size(), rng.int(1, 4), 2 * rng.int(2, 32)
     d = rope_dim + rng.choice([0, 16, 64])
     max_pos = rng.choice([64, 300, 4096])
-    inv = 1.0 / (10000.0 ** (torch.arange(rope_dim // 2, dtype=torch.float64) * 2 / rope_dim))
-    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None]
+    # host-independent tables (numerics), so a case is the same case on every host
+    inv = 1.0 / numerics.pow_f32(10000.0, torch.arange(rope_dim // 2, dtype=torch.float32) * 2 / rope_dim)
+    cos, sin = numerics.rotary_tables(torch.arange(max_pos), inv)
     kw = {"x": rng.normal(t, h, d), "positions": rng.ints(0, max_pos, (t,)),
-          "cos": ang.cos().float(), "sin": ang.sin().float(), "rope_dim": rope_dim,
+          "cos": cos, "sin": sin, "rope_dim": rope_dim,
           "interleaved": rng.coin(), "inverse": rng.coin(0.3)}
     case = Case("rope", 0, kw, ("x",), t, params={"T": t, "H": h, "D": d, "rope_dim": rope_dim,
                                                  "interleaved": kw["interleaved"], "inverse": kw["inverse"]})
@@ -254,7 +256,7 @@ def gen_moe_route_hash(rng: Rng, **_) -> Case:
 
 # --------------------------------------------------------------------------------------- KV cache
 def _kv_rows(rng: Rng, n: int, d: int) -> torch.Tensor:
-    x = rng.normal(n, d) * torch.pow(10.0, rng.uniform(n, 1, lo=-5, hi=3))
+    x = rng.normal(n, d) * numerics.pow_f32(10.0, rng.uniform(n, 1, lo=-5, hi=3))
     if n > 2:
         x[1] = 0.0  # all-zero row: exercises the scale floor
     return x

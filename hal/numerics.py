@@ -214,6 +214,21 @@ def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torc
     return cos.to(torch.float32), sin.to(torch.float32)
 
 
+def normal(shape, generator: torch.Generator, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
+    """float32 normal samples with the same bits on every host: Box-Muller over torch.rand's float64
+    uniforms (a serial stream from the generator), with `log64` and `sincos64`. torch.randn's own
+    transform uses SIMD log/sin/cos whose bits depend on ATEN_CPU_CAPABILITY."""
+    shape = tuple(shape)
+    n = 1
+    for s in shape:
+        n *= s
+    u = torch.rand(2 * ((n + 1) // 2), dtype=torch.float64, generator=generator).view(-1, 2)
+    r = torch.sqrt(-2.0 * log64(1.0 - u[:, 0]))  # 1 - u in (0, 1]: log stays finite
+    sin, cos = sincos64(u[:, 1] * (2.0 * math.pi))
+    z = torch.stack([r * cos, r * sin], 1).reshape(-1)[:n]
+    return (z * std + mean).to(torch.float32).reshape(shape)
+
+
 def pow_f32(base: float, y: torch.Tensor) -> torch.Tensor:
     """float32 base ** y for a positive scalar base: exp64(y * log64(base)), rounded once."""
     if not base > 0:

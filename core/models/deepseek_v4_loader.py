@@ -114,21 +114,18 @@ def random_params(cfg: V4Config, device: str = "cpu", dtype: str = "float32", se
             r = torch.rand(sp.shape[0], cfg.n_routed_experts, generator=g)
             out[name] = r.argsort(dim=-1)[:, : sp.shape[1]].contiguous().to(device)
             continue
-        t = torch.empty(sp.shape, dtype=torch.float32)
-        if name.endswith("norm.weight"):
-            t.fill_(1.0)
-        elif name.endswith(("_scale",)):
-            t.fill_(1.0)
-        elif name.endswith("_base"):
-            t.normal_(0.0, 0.5, generator=g)
+        # numerics.normal, not normal_: torch's normal transform has host-dependent bits, and a
+        # random-weight model must be the same model on every host
+        if name.endswith(("norm.weight", "_scale")):
+            t = torch.ones(sp.shape, dtype=torch.float32)
+        elif name.endswith(("_base", "ape")):
+            t = numerics.normal(sp.shape, g, 0.0, 0.5)
         elif name.endswith("attn_sink"):
-            t.normal_(0.0, 1.0, generator=g)
-        elif name.endswith("ape"):
-            t.normal_(0.0, 0.5, generator=g)
+            t = numerics.normal(sp.shape, g, 0.0, 1.0)
         elif name.endswith("gate.bias"):
-            t.normal_(0.0, 0.05, generator=g)
+            t = numerics.normal(sp.shape, g, 0.0, 0.05)
         else:
-            t.normal_(0.0, std, generator=g)
+            t = numerics.normal(sp.shape, g, 0.0, std)
         out[name] = _as_param(t, sp, cfg, dt).to(device)
     return out
 
