@@ -46,6 +46,14 @@ confcli_() {  # the CLI itself: batch-invariant mode (ops + engine, bitwise engi
   echo "rc=$?" >> "$OUT/conf_cli_default.txt"
   grep -E "conformance of|^  (FAIL|ERROR)|rc=" "$OUT/conf_cli_default.txt" | tail -15
 }
+relock_() {  # lock nvidia's tiny-v4 baseline in batch-invariant mode into $OUT/bl, then verify a fresh run
+  SHUILI_NVIDIA_BATCH_INVARIANT=1 timeout ${T_RELOCK:-200} python3 -m shuili conformance baseline update \
+      --platform nvidia --workload tiny-v4 --baselines "$OUT/bl" 2>&1 | tail -3
+  timeout ${T_VERIFY:-200} python3 -m shuili conformance run --platform nvidia --batch-invariant --cases 1 \
+      --op rms_norm --workload tiny-v4 --baselines "$OUT/bl" --out "$OUT/conf_verify" > "$OUT/conf_verify.txt" 2>&1
+  echo "rc=$?" >> "$OUT/conf_verify.txt"
+  grep -E "baseline|conformance of|rc=" "$OUT/conf_verify.txt" "$OUT/conf_verify/report.md" | tail -6
+}
 e2e_() {
   timeout ${T_E2E:-400} python3 benchmarks/nvidia_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.txt" | tail -40
 }
