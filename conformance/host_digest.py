@@ -28,8 +28,7 @@ def _h(*tensors) -> str:
 def op_digests() -> dict[str, str]:
     from shuili.hal import numerics
     from shuili.hal.types import Weight
-    from shuili.platforms.reference.ops import OPS
-    from shuili.platforms.reference.public import (kv_quantize, quantize_weight_fp8_block128,
+    from shuili.platforms.reference.public import (OPS, kv_quantize, quantize_weight_fp8_block128,
                                                    quantize_weight_mxfp4)
 
     g = torch.Generator().manual_seed(1234)

@@ -54,7 +54,7 @@ def dense_weight(w: Weight, dtype: torch.dtype) -> torch.Tensor:
         return w.data if w.data.dtype == dtype else w.data.to(dtype)
     per = _DENSE.setdefault(w, {})
     if dtype not in per:
-        from shuili.platforms.reference.quant import dequantize_weight
+        from shuili.platforms.reference.public import dequantize_weight
 
         per[dtype] = dequantize_weight(w).to(dtype).contiguous()
     return per[dtype]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from shuili.platforms.ascend.host import on_host, took
-from shuili.platforms.reference.rope import check_rope_args
+from shuili.platforms.reference.public import check_rope_args
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
