@@ -58,12 +58,11 @@ def run_transformers(ps: list[list[int]], output_len: int) -> dict:
     load = time.perf_counter() - t0
     ids = torch.tensor(ps)  # equal lengths: no padding needed
     mask = torch.ones_like(ids)
-    kw = dict(do_sample=False, max_new_tokens=output_len, min_new_tokens=output_len,
-              pad_token_id=0, attention_mask=mask)
+    kw = dict(do_sample=False, max_new_tokens=output_len, min_new_tokens=output_len, pad_token_id=0)
     with torch.inference_mode():
-        model.generate(ids[:1], **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})  # warm-up
+        model.generate(ids[:1], attention_mask=mask[:1], **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})
         t0 = time.perf_counter()
-        out = model.generate(ids, **kw)
+        out = model.generate(ids, attention_mask=mask, **kw)
         wall = time.perf_counter() - t0
     n = int(out.shape[0] * (out.shape[1] - ids.shape[1]))
     return {"load_s": load, "wall_s": wall, "tokens": n, "tok_per_s": n / wall}
