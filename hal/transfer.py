@@ -95,3 +95,25 @@ def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host
+
+
+class EventTransfer:
+    """The transfer service of an asynchronous device: one pinned packed upload and event-ordered
+    downloads for tensors on `device_type`, `HostTransfer`'s plain copies for anything else.
+    `runtime` is the device module that makes events (torch.cuda, torch_npu's npu)."""
+
+    def __init__(self, device_type: str, runtime):
+        self.device_type = device_type
+        self.runtime = runtime
+        self._host = HostTransfer()
+
+    def upload(self, arrays: Arrays, device: str | torch.device) -> dict[str, torch.Tensor]:
+        if torch.device(device).type != self.device_type:
+            return self._host.upload(arrays, device)
+        return packed_upload(arrays, device, pin=True)
+
+    def download(self, tensors: Sequence[torch.Tensor | None]) -> Pending:
+        live = [t for t in tensors if t is not None]
+        if not live or live[0].device.type != self.device_type:
+            return self._host.download(tensors)
+        return EventDownload(tensors, self.runtime)
