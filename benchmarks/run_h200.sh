@@ -60,6 +60,14 @@ e2e_() {
 kernels_() {
   timeout ${T_KERNELS:-240} python3 benchmarks/nvidia_kernels.py --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.txt" | tail -45
 }
+serve_() {  # shuili serve with mid-v4 on nvidia under serve_load.py's Poisson clients (docs/serving.md)
+  echo '{"tokens_per_block": 128}' > /tmp/serve_cfg.json
+  timeout ${T_SERVE:-420} python3 benchmarks/serve_load.py --model mid-v4 --platform nvidia \
+      --server-args "--config /tmp/serve_cfg.json --max-model-len 1024 --max-num-seqs 64" \
+      --clients ${SERVE_CLIENTS:-64} --rate ${SERVE_RATE:-8} --disconnect 0.2 --output-len 64 --seed 0 \
+      --timeout 300 --json "$OUT/serve.json" > "$OUT/serve.txt" 2>&1; echo "rc=$?" >> "$OUT/serve.txt"
+  tail -28 "$OUT/serve.txt"; tail -5 "$OUT/serve.server.log" 2>/dev/null
+}
 for s in $STAGES; do stamp "$s"; "${s}_"; done
 stamp done
 cat "$OUT/summary.txt"
