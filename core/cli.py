@@ -87,6 +87,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="token budget of one step " + default("max_num_batched_tokens"))
     p.add_argument("--max-model-len", type=int, default=None, help="context length (unset: the model's limit)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="tokens per KV block, a multiple of every compression ratio " + default("tokens_per_block"))
     p.add_argument("--num-blocks", type=int, default=None,
                    help="KV blocks per cache group (unset: from the KV memory budget)")
     p.add_argument("--overlap", action="store_true", default=None,
@@ -103,7 +105,7 @@ def _config(args):
 
     over = {"platform": args.platform, "model": args.model, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
-            "num_blocks": args.num_blocks, "overlap": args.overlap, "enforce_eager": args.enforce_eager}
+            "tokens_per_block": args.block_size, "num_blocks": args.num_blocks, "overlap": args.overlap, "enforce_eager": args.enforce_eager}
     if args.config:
         return EngineConfig.from_file(args.config, **over)
     return EngineConfig(**{k: v for k, v in over.items() if v is not None})

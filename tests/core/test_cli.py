@@ -69,3 +69,14 @@ def test_help_shows_a_line_and_a_default_for_every_flag():
     for flag in ("--n", "--stop", "--presence-penalty", "--frequency-penalty", "--repetition-penalty"):
         assert flag in text
     assert "--max-tokens MAX_TOKENS" in text and "(default: 16)" in text and "greedy (default: 0.0)" in text
+
+
+def test_block_size_sets_tokens_per_block_and_bad_sizes_name_the_ratio(capsys):
+    from shuili.cli import build_parser
+    from shuili.core.cli import _config
+
+    args = build_parser().parse_args(["generate", *BASE, "--block-size", "128", "--prompt", "x"])
+    assert _config(args).tokens_per_block == 128
+    rc = main(["generate", *BASE, "--block-size", "12", "--prompt", "x", "--max-tokens", "1"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "tokens_per_block" in err and "12" in err
