@@ -10,10 +10,12 @@ A line that is not JSON, not an object or a string, or has invalid parameters be
 record {"line", "id", "error": "F:LINE: reason", "outputs": []} and the run goes on.
 SIGINT/SIGTERM stop admitting lines and abort the running ones; everything finished is already
 on disk. `--resume` skips every line that has a record in O (delete a line's error record to
-retry it).
+retry it); each record carries the digest of its input line, so resuming against an input whose
+answered lines were edited is refused rather than mixing answers to two different files.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -37,6 +39,11 @@ class Line:
     params: SamplingParams | None = None
     error: str | None = None
     slots: list = field(default_factory=list)
+    digest: str = ""
+
+
+def line_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def parse_line(path: str, number: int, text: str, defaults: dict) -> Line:
@@ -69,37 +76,56 @@ def read_input(path: str, defaults: dict) -> list[Line]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--input {path!r} does not exist")
     with open(path, encoding="utf-8", errors="replace") as f:
-        return [parse_line(path, n, text.strip(), defaults) for n, text in enumerate(f, 1) if text.strip()]
+        lines = [(n, text.strip()) for n, text in enumerate(f, 1) if text.strip()]
+    out = []
+    for n, text in lines:
+        line = parse_line(path, n, text, defaults)
+        line.digest = line_digest(text)
+        out.append(line)
+    return out
 
 
-def done_lines(path: str) -> set[int]:
-    """Line numbers already answered in an output file; a torn last record is cut off."""
+def done_lines(path: str) -> dict[int, str | None]:
+    """Line numbers already answered in an output file, each with its input digest (None in
+    records written before digests existed); a torn last record is cut off."""
     if not os.path.exists(path):
-        return set()
+        return {}
     with open(path, "rb") as f:
         data = f.read()
     keep = data.rfind(b"\n") + 1
     if keep < len(data):
         with open(path, "r+b") as f:
             f.truncate(keep)
-    done = set()
+    done = {}
     for n, raw in enumerate(data[:keep].splitlines(), 1):
         try:
-            done.add(int(json.loads(raw)["line"]))
+            rec = json.loads(raw)
+            done[int(rec["line"])] = rec.get("input_digest")
         except (ValueError, KeyError, TypeError):
             raise ValueError(f"{path}:{n} is not a result record of `shuili generate --input`; "
                              "--resume continues only its own output files") from None
     return done
 
 
-def open_output(path: str, resume: bool) -> tuple[int, set[int]]:
+def check_unchanged(path: str, lines: list[Line], done: dict[int, str | None]) -> None:
+    """--resume: every answered line must still read as it did when it was answered."""
+    now = {x.number: x.digest for x in lines}
+    for number, digest in sorted(done.items()):
+        if digest is not None and now.get(number) != digest:
+            what = "is gone" if number not in now else "has changed"
+            raise ValueError(f"--input {path!r} line {number} {what} since its answer was written; "
+                             "--resume continues only the input it started with (restore it, or write "
+                             "to a new --output)")
+
+
+def open_output(path: str, resume: bool) -> tuple[int, dict[int, str | None]]:
     """Checked before any work: an fd open for appending, and the lines it already answers."""
     if os.path.isdir(path):
         raise ValueError(f"--output {path!r} is a directory; give a file path")
     if not resume and os.path.exists(path) and os.path.getsize(path) > 0:
         raise ValueError(f"--output {path!r} already has results; pass --resume to continue it, "
                          "or remove it")
-    done = done_lines(path) if resume else set()
+    done = done_lines(path) if resume else {}
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError as exc:
@@ -115,7 +141,8 @@ def completion_record(c) -> dict:
 def line_record(line: Line, out=None) -> dict:
     outputs = [completion_record(c) for c in out.outputs] if out is not None else []
     error = line.error or next((f"{line.source}:{line.number}: {c['error']}" for c in outputs if c["error"]), None)
-    return {"line": line.number, "id": line.id, "prompt": line.prompt, "error": error, "outputs": outputs}
+    return {"line": line.number, "id": line.id, "prompt": line.prompt, "error": error, "outputs": outputs,
+            "input_digest": line.digest}
 
 
 class Sink:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -169,7 +170,13 @@ def _generate_batch(args) -> int:
     if args.resume and not args.output:
         raise ValueError("--resume needs --output FILE (the file to continue)")
     lines = batch.read_input(args.input, _sampling_defaults(args))
-    fd, done = batch.open_output(args.output, args.resume) if args.output else (None, set())
+    fd, done = batch.open_output(args.output, args.resume) if args.output else (None, {})
+    if done:
+        try:
+            batch.check_unchanged(args.input, lines, done)
+        except ValueError:
+            os.close(fd)
+            raise
     sink = batch.Sink(fd)
     todo = [x for x in lines if x.number not in done]
     bar = tqdm(total=len(todo), desc="generate", unit="line", file=sys.stderr, disable=not todo)

@@ -80,7 +80,7 @@ def test_output_path_is_checked_before_any_work(tmp_path, capsys, monkeypatch):
 def test_resume_drops_a_torn_last_line(tmp_path):
     out = tmp_path / "o.jsonl"
     out.write_text('{"line": 2, "outputs": []}\n{"line": 5, "outp')
-    assert batch.done_lines(str(out)) == {2}
+    assert batch.done_lines(str(out)) == {2: None}  # a record without a digest is not checked
     assert out.read_text() == '{"line": 2, "outputs": []}\n'
     out.write_text('{"line": 2}\nnot a record\n')
     with pytest.raises(ValueError, match=r"o.jsonl:2 is not a result record"):
@@ -139,3 +139,19 @@ def test_sigterm_stops_admitting_and_keeps_what_finished(tmp_path):
     assert len(records(tmp_path / "o.jsonl")) == summary.written
     assert not llm.engine.has_unfinished()  # the running requests were aborted
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+
+
+def test_resume_refuses_an_input_whose_answered_lines_changed(tmp_path, capsys):
+    src, out = tmp_path / "in.jsonl", tmp_path / "o.jsonl"
+    src.write_text('"first"\n"second"\n')
+    assert main(["generate", *BASE, "--input", str(src), "--output", str(out), "--max-tokens", "1"]) == 0
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert all(len(r["input_digest"]) == 16 for r in recs)
+    out.write_text(next(json.dumps(r) for r in recs if r["line"] == 1) + "\n")  # line 2 still to do
+    src.write_text('"edited"\n"second"\n')
+    assert main(["generate", *BASE, "--input", str(src), "--output", str(out), "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert "line 1 has changed" in err and "--resume" in err
+    src.write_text('"first"\n"second"\n')  # restored: resume answers line 2 only
+    assert main(["generate", *BASE, "--input", str(src), "--output", str(out), "--resume"]) == 0
+    assert sorted(json.loads(x)["line"] for x in out.read_text().splitlines()) == [1, 2]
