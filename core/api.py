@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 from shuili.core.config import EngineConfig
 from shuili.core.engine import Engine
 from shuili.core.outputs import CompletionOutput, RequestOutput
+from shuili.core.request import Request
 from shuili.core.sampling_params import MAX_SEED, SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineConfig",
@@ -173,14 +174,18 @@ class LLM:
 
     def stream(self, prompts: str | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
                apply_chat_template: bool = False, priority: int | Sequence[int] = 0) -> Iterator[RequestOutput]:
-        """Yields a cumulative one-completion RequestOutput whenever a sample gets a token or
-        finishes (rejected prompts are yielded first, already finished with their error)."""
+        """Yields a prompt's cumulative RequestOutput, all n completions in `.outputs` as in
+        `generate`, whenever one of its samples gets a token or finishes; `.finished` once all
+        have. Rejected prompts are yielded first, already finished with their error."""
         groups = self._submit(prompts, params, apply_chat_template, priority)
-        for s in (s for slots in groups for s in slots):
-            if isinstance(s, RequestOutput):
-                yield s
+        owner = {s.request_id: g for g, slots in enumerate(groups) for s in slots if isinstance(s, Request)}
+        for slots in groups:
+            if not any(isinstance(s, Request) for s in slots):
+                yield _group(slots)
         while self.engine.has_unfinished():
-            yield from self.engine.step()
+            touched = sorted({owner[r.request_id] for r in self.engine.step_requests() if r.request_id in owner})
+            for g in touched:
+                yield _group([self._output(s) for s in groups[g]])
 
     def abort(self, request_id: str) -> RequestOutput | None:
         return self.engine.abort(request_id)

@@ -124,6 +124,15 @@ def test_stream_yields_incremental_outputs(llm):
     assert isinstance(seen[0], RequestOutput)
 
 
+def test_stream_groups_the_n_samples_of_a_prompt_like_generate(llm):
+    p = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, n=2, seed=9)
+    seen = list(llm.stream(["ab"], p))
+    assert all(len(o.outputs) == 2 for o in seen) and [o.finished for o in seen].count(True) == 1
+    (want,) = llm.generate(["ab"], p)
+    assert seen[-1].finished and len(want.outputs) == 2
+    assert [(c.token_ids, c.logprobs) for c in seen[-1].outputs] == [(c.token_ids, c.logprobs) for c in want.outputs]
+
+
 def test_stop_strings_and_token_ids(llm):
     base = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     (free,) = llm.generate(["stop test"], base)
