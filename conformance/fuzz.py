@@ -424,6 +424,28 @@ def gen_indexer_topk(rng: Rng, formats: tuple[str, ...] = (), reference=None, **
     return case
 
 
+def gen_indexer_select(rng: Rng, formats: tuple[str, ...] = (), reference=None, **_) -> Case:
+    """indexer_topk's layout plus the V4.1 levels: a candidate pool per query (later index
+    sources) or a level-one block selection (the candidate source), or neither."""
+    case = gen_indexer_topk(rng, formats, reference)
+    kw = dict(case.kwargs)
+    t = kw["q"].shape[0]
+    mode = rng.choice(["plain", "pool", "level_one"])
+    size = rng.choice([1, 2, 4])
+    kw["candidate_block_size"] = size
+    kw["candidate_topk"] = rng.choice([1, 2, 3]) if mode == "level_one" else 0
+    kw["candidates"] = None
+    if mode == "pool":
+        width = rng.choice([1, 2, 3])
+        kw["candidates"] = rng.ints(-1, 12, (t, width)).to(torch.int32)
+    params = dict(case.params, mode=mode, candidate_block_size=size, candidate_topk=kw["candidate_topk"])
+    out = Case("indexer_select", 0, kw, case.act, case.units, params=params)
+    qsl = kw["query_start_loc"]
+    per_q = ("q", "weights", "positions") + (("candidates",) if mode == "pool" else ())
+    out.split = _per_seq_split(out, per_q, qsl, "block_tables", ())
+    return out
+
+
 # --------------------------------------------------------------------------------------- sampling
 def gen_log_softmax(rng: Rng, **_) -> Case:
     b, v = rng.size(65), rng.choice([2, 17, 100, 1000, 4099])

@@ -294,6 +294,38 @@ def indexer_topk(
     """
 
 
+@_op("indexer", since="1.4")
+def indexer_select(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    ratio: int,
+    topk: int,
+    k_format: str = "none",
+    candidates: torch.Tensor | None = None,
+    candidate_topk: int = 0,
+    candidate_block_size: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4.1 two-level indexer: `indexer_topk`'s scores, an optional candidate pool that
+    restricts them, and an optional level-one selection of candidate blocks.
+
+    Inputs and score[t, e] as `indexer_topk` (visible entries e < (positions[t] + 1) // ratio).
+    Entry blocks: block j holds entries [j * S, (j + 1) * S), S = candidate_block_size.
+    candidates int32 [T, C] or None: the blocks (ids within the sequence, -1 = none) query t may
+    pick from; entries of other blocks score -inf.
+    Level one (candidate_topk > 0; the candidate source layer, which passes candidates=None):
+    block score = max of its visible entries' scores (-inf with none visible); the block holding
+    the newest visible entry, (n_t - 1) // S, scores +inf (pinned); the candidate_topk highest
+    blocks with a score > -inf, descending, ties to the lower block id, -1 padded.
+    Returns (idx int32 [T, topk]: the topk highest finite-score visible entries, descending, ties
+    to the lower entry id, -1 padded; cand int32 [T, candidate_topk], [T, 0] when
+    candidate_topk == 0).
+    """
+
+
 # ---------------------------------------------------------------------------------------- sampling
 @_op("sampling")
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ KERNELS = {
     "sparse_attention": ("torch on device, masked softmax over the listed entries (no torch_npu "
                          "op for V4's compressed attention); host torch in batch-invariant mode", "split"),
     "indexer_topk": ("npu_lightning_indexer, one batch entry per query", "split"),
+    "indexer_select": ("host torch (no torch_npu op has candidate pools or block selection)", "host"),
     "log_softmax": ("host torch", "host"),
     "apply_penalties": ("host torch", "host"),
     "sample": ("host torch", "host"),
@@ -42,7 +43,7 @@ KERNELS = {
 }
 _FORMATS = {"linear": _WEIGHTS, "grouped_linear": _WEIGHTS, "moe_experts": _WEIGHTS,
             "kv_quantize": _KV, "kv_dequantize": _KV, "sparse_attention": _KV_READ,
-            "indexer_topk": _KV_READ}
+            "indexer_topk": _KV_READ, "indexer_select": _KV_READ}
 
 
 def _level(kind: str, config) -> tuple[L, str | None]:

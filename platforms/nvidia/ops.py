@@ -29,6 +29,7 @@ PLAIN_OPS = {
     "cache_write": misc.cache_write,
     "sparse_attention": attention.sparse_attention,
     "indexer_topk": indexer.indexer_topk,
+    "indexer_select": indexer.indexer_select,
     "log_softmax": sampling.log_softmax,
     "apply_penalties": sampling.apply_penalties,
     "sample": sampling.sample,

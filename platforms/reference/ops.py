@@ -27,6 +27,7 @@ OPS: dict[str, object] = {
     "paged_attention": attention.paged_attention,
     "sparse_attention": attention.sparse_attention,
     "indexer_topk": indexer.indexer_topk,
+    "indexer_select": indexer.indexer_select,
     "all_reduce": collectives.all_reduce,
     "all_gather": collectives.all_gather,
 }
@@ -47,4 +48,5 @@ FORMATS: dict[str, tuple[DtypeSupport, ...]] = {
     "kv_dequantize": _KV,
     "sparse_attention": _KV_READ,
     "indexer_topk": _KV_READ,
+    "indexer_select": _KV_READ,
 }
