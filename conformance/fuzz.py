@@ -228,6 +228,17 @@ def gen_hc_split_sinkhorn(rng: Rng, **_) -> Case:
     return case
 
 
+def gen_engram_gate(rng: Rng, **_) -> Case:
+    t, m, d = rng.size(), rng.choice([1, 4]), rng.choice([32, 64, 256])
+    # q * k weights near 1, streams and kv of unequal scales: gates spread over (0, 1)
+    kw = {"x": rng.normal(t, m, d, std=rng.choice([0.05, 1.0, 30.0])), "kv": rng.normal(t, (m + 1) * d),
+          "q_weight": 1.0 + rng.normal(m, d, std=0.3), "k_weight": 1.0 + rng.normal(m, d, std=0.3),
+          "eps": rng.choice([1e-20, 1e-6])}
+    case = Case("engram_gate", 0, kw, ("x", "kv"), t, params={"T": t, "m": m, "D": d})
+    case.split = _rows({"x": 0, "kv": 0})(case)
+    return case
+
+
 # ---------------------------------------------------------------------------------------- routing
 _SCORINGS = ("sqrtsoftplus", "softmax", "sigmoid")
 

@@ -92,6 +92,12 @@ class ForwardBatch:
     seq_lens_cpu: list[int] = field(default_factory=list)
     context_lens_cpu: list[int] = field(default_factory=list)
     static_decode: bool = False
+    # Engram models only (`engram_lookback` > 0): ids of positions p-1 .. p-lookback of each token
+    # (-1 before the sequence start), int64 [T, lookback] on the device and flat on the host, and the
+    # host ids of this step (-1 = placeholder filled on the device)
+    engram_history: torch.Tensor | None = None
+    engram_history_cpu: list[int] = field(default_factory=list)
+    input_ids_cpu: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

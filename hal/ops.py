@@ -160,6 +160,25 @@ def hc_split_sinkhorn(
     """
 
 
+@_op("mhc", since="1.4")
+def engram_gate(
+    x: torch.Tensor,
+    kv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """DeepSeek-V4.1 Engram write into the residual streams. x [T, m, D] (m hc streams); kv
+    [T, (m + 1) D] = wkv(the token's gathered table rows): m keys, then one shared value; q_weight,
+    k_weight [m, D]. All in float32 (w = q_weight * k_weight elementwise):
+    dot_k  = sum_D(x_k * w_k * key_k) * rsqrt(mean_D(x_k^2) + eps) * rsqrt(mean_D(key_k^2) + eps) / sqrt(D)
+    gate_k = sigmoid(sign(dot_k) * sqrt(max(|dot_k|, 1e-6)))
+    out_k  = x_k + gate_k * value                                               -> [T, m, D], x's dtype
+    Each stream is normalised on its own (over D), not jointly over the m streams. Row-local: a
+    token's output depends only on its own x and kv rows.
+    """
+
+
 # ------------------------------------------------------------------------------------------ routing
 @_op("moe")
 def moe_route_topk(

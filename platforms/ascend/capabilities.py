@@ -25,6 +25,7 @@ KERNELS = {
     "swiglu": ("npu_swiglu; torch with a limit", "elementwise"),
     "embedding": ("torch embedding", "elementwise"),
     "hc_split_sinkhorn": ("host torch (reference numerics)", "host"),
+    "engram_gate": ("host torch (reference numerics)", "host"),
     "moe_route_topk": ("npu_moe_gating_top_k (sigmoid/softmax), renorm in Python; host torch for sqrtsoftplus", "row"),
     "moe_route_hash": ("npu_moe_gating_top_k hash mode (sigmoid/softmax); host torch for sqrtsoftplus", "row"),
     "kv_quantize": ("npu_dynamic_mx_quant scale_alg=1 (mxfp8, 950); host torch for fp4", "row"),

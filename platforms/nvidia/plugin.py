@@ -41,6 +41,8 @@ _CAPS = {
     "swiglu": (_ACT, (), L.batch_invariant, L.batch_invariant, "elementwise"),
     "embedding": (_ACT, (), L.portable_bitwise, L.portable_bitwise, "row gather"),
     "hc_split_sinkhorn": (_F32, (), L.batch_invariant, L.batch_invariant, "one program per token"),
+    "engram_gate": (_F32, (), L.batch_invariant, L.batch_invariant,
+                    "the reference torch code on the GPU: exact float64 dots, fixed-tree sums"),
     "moe_route_topk": (_F32, (), L.batch_invariant, L.batch_invariant, "float64 scores, exact top-k"),
     "moe_route_hash": (_F32, (), L.batch_invariant, L.batch_invariant, "table lookup"),
     "kv_quantize": (_F32, _KV, L.portable_bitwise, L.portable_bitwise, "integer/bit arithmetic"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shuili.hal.capabilities import DtypeSupport
 from shuili.platforms.reference import (
-    attention, collectives, elementwise, gemm, indexer, kvcache, mhc, moe, norm, rope,
+    attention, collectives, elementwise, engram, gemm, indexer, kvcache, mhc, moe, norm, rope,
 )
 from shuili.platforms.reference.sampling import SAMPLING_OPS
 
@@ -19,6 +19,7 @@ OPS: dict[str, object] = {
     "swiglu": elementwise.swiglu,
     "embedding": elementwise.embedding,
     "hc_split_sinkhorn": mhc.hc_split_sinkhorn,
+    "engram_gate": engram.engram_gate,
     "moe_route_topk": moe.moe_route_topk,
     "moe_route_hash": moe.moe_route_hash,
     "kv_quantize": kvcache.kv_quantize,

@@ -1,0 +1,298 @@
+"""V4.1 Engram: hash vs the transformers oracle, mapped tables, step gathers, never on the device."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from shuili.core.models.engram import Engram, EngramTable
+from shuili.core.models.engram_hash import (EngramHasher, EngramSpec, build_compressed_token_map,
+                                           engram_history, windows_from)
+from shuili.hal import PlatformConfig, resolve_platform
+
+GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "engram" / "hash_golden.json").read_text())
+OPS = resolve_platform(PlatformConfig(platform="reference")).ops
+
+
+def _spec(c: dict, **over) -> EngramSpec:
+    kw = dict(layer_ids=tuple(c["engram_layer_ids"]), max_ngram_size=c["engram_max_ngram_size"],
+              n_heads=c["engram_n_heads"], head_dim=256, vocab_size=c["engram_vocab_size"],
+              pad_id=c["engram_pad_id"], compressed_vocab_size=c["engram_compressed_vocab_size"],
+              num_embeddings=tuple(c["engram_num_embeddings"]))
+    kw.update(over)
+    return EngramSpec(**kw)
+
+
+def _token_map(c: dict) -> torch.Tensor:
+    g = torch.Generator().manual_seed(c["token_map_seed"])
+    return torch.randint(0, c["engram_compressed_vocab_size"], (c["tokenizer_vocab"],), generator=g)
+
+
+def _hash_request(hasher: EngramHasher, toks: list[int], start: int, end: int) -> torch.Tensor:
+    lb = hasher.spec.lookback
+    hist = torch.tensor(engram_history(lambda a, b: toks[a:b], start, end, lb)).view(end - start, lb)
+    return hasher(windows_from(torch.tensor(toks[start:end]), hist))
+
+
+# ------------------------------------------------------------------------------------ the hash
+@pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: c["name"])
+def test_hash_constants_match_the_oracle(case):
+    spec = _spec(case)
+    assert spec.multipliers == case["multipliers"]
+    assert spec.primes == case["primes"]
+    assert spec.offsets == case["offsets"]
+    assert spec.table_rows == case["engram_num_embeddings"]
+
+
+def test_released_table_sizes_follow_from_the_hash():
+    # the released config's engram_num_embeddings are exactly the sums of each layer's 24 primes
+    assert _spec(GOLDEN["cases"][0]).table_rows == [384006168, 384016682]
+
+
+@pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: c["name"])
+def test_row_ids_match_the_oracle_bit_for_bit(case):
+    hasher = EngramHasher(_spec(case), _token_map(case))
+    for toks, want in zip(case["input_ids"], case["row_ids"]):
+        got = _hash_request(hasher, toks, 0, len(toks))
+        assert got.dtype == torch.int64 and got.tolist() == want
+
+
+def test_a_wrong_multiplier_seed_is_caught():  # negative control for the golden comparison
+    case = GOLDEN["cases"][0]
+    spec = _spec(case, layer_ids=(2, 14))
+    hasher = EngramHasher(spec, _token_map(case))
+    toks = case["input_ids"][0]
+    assert _hash_request(hasher, toks, 0, len(toks)).tolist() != case["row_ids"][0]
+
+
+@pytest.mark.parametrize("cuts", [[7, 8], [1, 2, 3, 4], [20], [39]])
+def test_chunked_hash_is_the_one_shot_hash(cuts):
+    """The look-back is rebuilt from the request's tokens: any chunking, a prefix-cache hit (a first
+    chunk starting mid-prompt) or a preemption (recompute from token 0) gives the same row ids."""
+    case = GOLDEN["cases"][0]
+    hasher = EngramHasher(_spec(case), _token_map(case))
+    toks = case["input_ids"][1]
+    bounds = [0, *cuts, len(toks)]
+    parts = [_hash_request(hasher, toks, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    assert torch.cat(parts).tolist() == case["row_ids"][1]
+
+
+def test_history_marks_the_sequence_start():
+    toks = [10, 11, 12, 13, 14]
+    assert engram_history(lambda a, b: toks[a:b], 0, 2, 3) == [-1, -1, -1, 10, -1, -1]
+    assert engram_history(lambda a, b: toks[a:b], 4, 5, 3) == [13, 12, 11]
+
+
+def test_compressed_token_map_matches_the_oracle():
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(json.dumps(GOLDEN["toy_tokenizer"]))
+    got, size = build_compressed_token_map(tok)
+    assert (got, size) == (GOLDEN["compressed_map"], GOLDEN["compressed_size"])
+    assert got[3] == got[4] == got[5] == got[6]  # "The" "the" " the" "THE" share one id
+
+
+def test_spec_rejects_tables_smaller_than_the_hash():
+    with pytest.raises(ValueError, match="engram_num_embeddings for layer 1"):
+        _spec(GOLDEN["cases"][1], num_embeddings=(100, GOLDEN["cases"][1]["engram_num_embeddings"][1]))
+
+
+def test_hasher_rejects_a_map_from_another_tokenizer():
+    case = GOLDEN["cases"][1]
+    with pytest.raises(ValueError, match="another tokenizer"):
+        EngramHasher(_spec(case), torch.full((96,), case["engram_compressed_vocab_size"]))
+
+
+# ------------------------------------------------------------------------------------- tables
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
+    """A minimal safetensors writer (dtype string, shape, raw bytes), so F8_E8M0 needs no support."""
+    header, blobs, off = {}, [], 0
+    for name, (dt, shape, raw) in tensors.items():
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def tiny_setup(tmp_path: Path, fmt: str = "fp8"):
+    case = GOLDEN["cases"][1]
+    spec = _spec(case, head_dim=64)
+    rng = np.random.default_rng(0)
+    tensors, direct = {}, {}
+    for lid, n in zip(spec.layer_ids, spec.num_embeddings):
+        if fmt == "fp8":
+            vals = torch.from_numpy(rng.standard_normal((n, 64)).astype(np.float32)).to(torch.float8_e4m3fn)
+            exps = rng.integers(118, 130, (n, 2)).astype(np.uint8)
+            tensors[f"engram.{lid}.weight"] = ("F8_E4M3", [n, 64], vals.view(torch.uint8).numpy().tobytes())
+            tensors[f"engram.{lid}.scale"] = ("F8_E8M0", [n, 2], exps.tobytes())
+            scale = torch.from_numpy(np.exp2(exps.astype(np.float64) - 127)).float()
+            direct[lid] = (vals.float().view(n, 2, 32) * scale[:, :, None]).view(n, 64)
+        else:
+            vals = rng.standard_normal((n, 64)).astype(np.float32)
+            tensors[f"engram.{lid}.weight"] = ("F32", [n, 64], vals.tobytes())
+            direct[lid] = torch.from_numpy(vals)
+    path = tmp_path / "engram.safetensors"
+    write_safetensors(path, tensors)
+    tables = {lid: EngramTable.from_safetensors(str(path), f"engram.{lid}.weight",
+                                                f"engram.{lid}.scale" if fmt == "fp8" else None)
+              for lid in spec.layer_ids}
+    return spec, _token_map(case), tables, direct
+
+
+def _batch(chunks: list[list[int]], hasher_lb: int, starts=None, holes=()):
+    """A ForwardBatch-like step of whole-request chunks [start, len) (tokens, look-back, host ids)."""
+    ids, hist, qsl = [], [], [0]
+    starts = starts or [0] * len(chunks)
+    for toks, s in zip(chunks, starts):
+        ids += toks[s:]
+        hist += engram_history(lambda a, b, t=toks: t[a:b], s, len(toks), hasher_lb)
+        qsl.append(len(ids))
+    dev_ids = torch.tensor(ids)
+    host_ids = [(-1 if i in holes else x) for i, x in enumerate(ids)]
+    return SimpleNamespace(input_ids=dev_ids, num_tokens=len(ids), static_decode=False,
+                           engram_history=torch.tensor(hist).view(-1, hasher_lb), engram_history_cpu=hist,
+                           input_ids_cpu=host_ids, query_start_loc_cpu=qsl)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "f32"])
+def test_gathered_rows_equal_a_direct_read(tmp_path, fmt):
+    spec, tmap, tables, direct = tiny_setup(tmp_path, fmt)
+    eng = Engram(spec, tmap, tables, OPS)
+    toks = [5, 9, 1, 0, 77, 31, 5, 9]
+    rows = eng.step(_batch([toks], spec.lookback))
+    rid = EngramHasher(spec, tmap)(windows_from(torch.tensor(toks), torch.tensor(
+        engram_history(lambda a, b: toks[a:b], 0, len(toks), spec.lookback)).view(-1, spec.lookback)))
+    for k, lid in enumerate(spec.layer_ids):
+        want = direct[lid][rid[:, k].reshape(-1)].reshape(len(toks), -1)
+        assert torch.equal(rows.get(lid), want)
+    eng.close()
+
+
+def test_host_prefetched_and_device_paths_agree(tmp_path):
+    spec, tmap, tables, _ = tiny_setup(tmp_path)
+    eng = Engram(spec, tmap, tables, OPS)
+    reqs = [[3, 4, 5, 6, 7, 8, 9], [50, 51], [1, 2, 3]]
+    host = eng.step(_batch(reqs, spec.lookback))
+    placeholders = eng.step(_batch(reqs, spec.lookback, holes={8}))  # overlap decode: device hash
+    b = _batch(reqs, spec.lookback)
+    eng.prefetch(b.input_ids_cpu[:7], b.engram_history_cpu[:7 * spec.lookback])
+    prefetched = eng.step(b)
+    for lid in spec.layer_ids:
+        assert torch.equal(host.get(lid), placeholders.get(lid))
+        assert torch.equal(host.get(lid), prefetched.get(lid))
+    assert eng.stats["device_gathers"] == 1 and eng.stats["prefetch_hits"] == 1
+    eng.close()
+
+
+def test_rows_of_a_chunk_do_not_depend_on_the_batch(tmp_path):
+    spec, tmap, tables, _ = tiny_setup(tmp_path)
+    eng = Engram(spec, tmap, tables, OPS)
+    a, b = [7, 8, 9, 10, 11], [40, 41, 42]
+    alone = eng.step(_batch([a], spec.lookback, starts=[2]))
+    both = eng.step(_batch([b, a], spec.lookback, starts=[0, 2]))
+    for lid in spec.layer_ids:
+        assert torch.equal(alone.get(lid), both.get(lid)[3:])
+    eng.close()
+
+
+def test_table_errors_name_the_tensor(tmp_path):
+    spec, tmap, tables, _ = tiny_setup(tmp_path)
+    path = str(tmp_path / "engram.safetensors")
+    with pytest.raises(KeyError, match="engram.9.weight"):
+        EngramTable.from_safetensors(path, "engram.9.weight", "engram.9.scale")
+    with pytest.raises(ValueError, match="needs its scale"):
+        EngramTable.from_safetensors(path, "engram.1.weight")
+    raw = (tmp_path / "engram.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(raw[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        EngramTable.from_safetensors(str(tmp_path / "cut.safetensors"), "engram.3.weight", "engram.3.scale")
+    with pytest.raises(ValueError, match=r"\[1000, 64\]"):
+        Engram(spec.model_copy(update={"num_embeddings": (1000, 1000)}), tmap, tables, OPS)
+
+
+# ----------------------------------------------------------------- never on the model's device
+class _TensorLog(TorchDispatchMode):
+    """Every tensor an aten op reads or makes: (device, bytes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves((args, kwargs, out)):
+            if isinstance(t, torch.Tensor):
+                self.seen.append((t.device.type, t.numel() * t.element_size()))
+        return out
+
+
+class _Inline:
+    """Executor running the gather in the calling thread, so the (thread-local) log sees it."""
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+        f = Future()
+        f.set_result(fn(*args))
+        return f
+
+    def shutdown(self, wait=True):
+        pass
+
+
+class _TableOnDevice(EngramTable):
+    """Negative control: a table that puts itself on the model device and gathers there."""
+
+    def gather(self, ids, out):
+        whole = torch.from_numpy(np.ascontiguousarray(self.data)).to(DEVICE)  # the whole table
+        got = whole.index_select(0, torch.from_numpy(ids)).reshape(-1).numpy()
+        out[:got.size] = got
+        out[got.size:] = np.take(self.scale, ids, axis=0).reshape(-1)
+
+
+DEVICE = "cpu"  # the model's device in this test (the reference platform's)
+
+
+def _largest_tensor_seen(tables, spec, tmap, steps) -> int:
+    log = _TensorLog()
+    with log:
+        eng = Engram(spec, tmap, tables, OPS, device=DEVICE)
+        eng._pool = _Inline()
+        for b in steps:
+            rows = eng.step(b)
+            for lid in spec.layer_ids:
+                rows.get(lid)
+        eng.close()
+    return max((n for d, n in log.seen if d == DEVICE), default=0)
+
+
+@pytest.mark.parametrize("bad", [False, True], ids=["mapped", "negative-control-moved"])
+def test_engram_tables_are_never_allocated_on_the_device(tmp_path, bad):
+    """Every tensor an aten op reads or makes on the model's device while the Engram is built and
+    runs steps (host and device paths) is logged: none is as large as a table; the largest are the
+    step's gathered rows. The negative control moves a table to the device and must be caught."""
+    spec, tmap, tables, _ = tiny_setup(tmp_path)
+    if bad:
+        tables = {k: _TableOnDevice(t.data, t.scale, t.kind, t.head_dim, t.source) for k, t in tables.items()}
+    reqs = [[3, 4, 5, 6, 7, 8, 9], [50, 51]]
+    steps = [_batch(reqs, spec.lookback), _batch(reqs, spec.lookback, holes={8})]
+    table_bytes = min(t.data.nbytes for t in tables.values())
+    largest = _largest_tensor_seen(tables, spec, tmap, steps)
+    if bad:
+        assert largest >= table_bytes
+    else:
+        step_rows = 9 * len(spec.layer_ids) * spec.n_cols * spec.head_dim * 4  # float32 rows of a step
+        assert largest <= max(step_rows, tmap.numel() * 8) < table_bytes
+
+
+def test_table_is_a_file_mapping_not_a_copy(tmp_path):
+    _, _, tables, _ = tiny_setup(tmp_path)
+    for t in tables.values():
+        assert isinstance(t.data, np.memmap) and t.data.mode == "r"
