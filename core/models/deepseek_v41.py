@@ -83,6 +83,13 @@ class Moe:
 
 
 @dataclass
+class EngramWeights:
+    wkv: Weight  # [(m + 1) D, n_cols * engram_head_dim]: m keys, then the shared value
+    q_weight: torch.Tensor  # float32 [m, D]
+    k_weight: torch.Tensor  # float32 [m, D]
+
+
+@dataclass
 class Block:
     attn: Attention
     ffn: Moe
@@ -90,7 +97,7 @@ class Block:
     ffn_norm: torch.Tensor
     hc_attn: HC
     hc_ffn: HC
-    engram: object | None = None  # the Engram module of an Engram layer
+    engram: EngramWeights | None = None
 
 
 # ------------------------------------------------------------------------------------ batch metadata
@@ -173,7 +180,12 @@ class DeepseekV41Model:
         self.head = _w(params["model.embed_tokens.weight"] if cfg.tie_word_embeddings else params["lm_head.weight"])
         self.norm = params["model.norm.weight"]
         self.blocks = [_block(cfg, params, i) for i in range(cfg.num_hidden_layers)]
-        self.engram = engram  # host-memory Engram tables + hashing (core/models/engram.py), or None
+        # host-memory Engram tables, hashing and the per-step gather (core/models/engram.py)
+        if cfg.engram_layer_ids and engram is None:
+            raise ValueError(f"engram_layer_ids {list(cfg.engram_layer_ids)} need the Engram service (tables and "
+                             "token map): build the model with build() / load_checkpoint()")
+        self.engram = engram if cfg.engram_layer_ids else None
+        self.engram_lookback = self.engram.lookback if self.engram is not None else 0  # the runner reads it
         n = self.max_model_len
         self.rope = {False: tuple(t.to(device) for t in rope_tables(cfg, False, n)),
                      True: tuple(t.to(device) for t in rope_tables(cfg, True, n))}
@@ -216,15 +228,21 @@ class DeepseekV41Model:
         x = h[:, None, :].expand(-1, m, -1).contiguous()  # [T, m, D] residual streams
         pre = torch.zeros(x.shape[0], m, dtype=torch.float32, device=x.device)
         pre[:, 0] = 1.0  # the first site reads stream 0
-        rows = self.engram.rows(batch) if self.engram is not None else {}
+        rows = self.engram.step(batch) if self.engram is not None else None  # gather starts now
         shared = _Shared()
         for i, blk in enumerate(self.blocks):
-            if blk.engram is not None:
-                x = blk.engram(x, rows[i])
+            if blk.engram is not None:  # before the layer's first mHC site
+                kv = ops.linear(rows.get(i), blk.engram.wkv)
+                x = ops.engram_gate(x, kv, blk.engram.q_weight, blk.engram.k_weight, cfg.rms_norm_eps)
             x, pre = self._block(blk, i, x, pre, meta, shared)
         x = x[batch.logits_indices]
         u = numerics.tree_sum(pre[batch.logits_indices][..., None] * x.float(), dim=1).to(self.dtype)
         return ops.linear(ops.rms_norm(u, self.norm, cfg.rms_norm_eps), self.head).float()
+
+    def engram_prefetch(self, ids, history) -> None:
+        """The runner's hint: a prefill's next chunk (all ids known) can be gathered now."""
+        if self.engram is not None:
+            self.engram.prefetch(ids, history)
 
     # ---------------------------------------------------------------- pieces
     def _block(self, blk: Block, layer: int, x: torch.Tensor, pre: torch.Tensor, meta: _Meta, shared: _Shared):
@@ -407,29 +425,36 @@ def _block(cfg: V41Config, params: dict, i: int) -> Block:
               params[f + "shared_experts.gate_proj.weight"] if sh else None,
               params[f + "shared_experts.up_proj.weight"] if sh else None,
               params[f + "shared_experts.down_proj.weight"] if sh else None)
+    eng = None
+    if i in cfg.engram_layer_ids:
+        e = p + "engram."
+        eng = EngramWeights(_w(params[e + "wkv.weight"]), params[e + "q_weight"], params[e + "k_weight"])
     return Block(attn, ffn, params[p + "input_layernorm.weight"], params[p + "post_attention_layernorm.weight"],
-                 _hc(params, p + "attn_hc."), _hc(params, p + "ffn_hc."))
+                 _hc(params, p + "attn_hc."), _hc(params, p + "ffn_hc."), eng)
 
 
 # --------------------------------------------------------------------------------------- entry points
 def build(name: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32", seed: int = 0,
           max_model_len: int | None = None, **overrides) -> DeepseekV41Model:
     """A named config (tiny-v41, mid-v41) with seeded random weights generated on `device`."""
-    from shuili.core.models.deepseek_v41_loader import random_params
+    from shuili.core.models.deepseek_v41_loader import random_engram, random_params
 
     cfg = named(name, **overrides)
     params = random_params(cfg, device=device, dtype=dtype, seed=seed)
-    return DeepseekV41Model(cfg, ops, params, device=device, dtype=dtype, max_model_len=max_model_len)
+    engram = random_engram(cfg, ops, device=device, dtype=dtype, seed=seed)
+    return DeepseekV41Model(cfg, ops, params, device=device, dtype=dtype, max_model_len=max_model_len,
+                            engram=engram)
 
 
 def load_checkpoint(path: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32",
                     max_model_len: int | None = None, progress: bool = True, **overrides) -> DeepseekV41Model:
     """A directory of config.json + safetensors (released or transformers tensor names)."""
-    from shuili.core.models.deepseek_v41_loader import load_params, read_config
+    from shuili.core.models.deepseek_v41_loader import load_engram, load_params, read_config
     from shuili.core.models.tokenizer import load_tokenizer
 
     cfg = read_config(path, **overrides)
     params = load_params(path, cfg, device=device, dtype=dtype, progress=progress)
     tok = load_tokenizer(path, cfg.vocab_size, cfg.eos_token_ids, cfg.bos_token_id)
+    engram = load_engram(path, cfg, tok, ops, device=device, dtype=dtype)
     return DeepseekV41Model(cfg, ops, params, device=device, dtype=dtype, max_model_len=max_model_len,
-                            tokenizer=tok)
+                            tokenizer=tok, engram=engram)

@@ -372,6 +372,15 @@ def _int(g: dict, key: str, default: int) -> int:
     return v
 
 
+def _engram_rows(layers: tuple[int, ...], vocab: int, ngram: int, heads: int) -> tuple[int, ...]:
+    """Rows of each Engram table: the sum of its layer's hash primes (core/models/engram_hash.py)."""
+    from shuili.core.models.engram_hash import EngramSpec
+
+    spec = EngramSpec(layer_ids=layers, max_ngram_size=ngram, n_heads=heads, head_dim=32, vocab_size=vocab,
+                      pad_id=0, compressed_vocab_size=vocab, num_embeddings=(1 << 40,) * len(layers))
+    return tuple(spec.table_rows)
+
+
 def _tiny() -> V41Config:
     # the transformers parity fixture's config (tests/fixtures/deepseek_v41_tiny): every CED role, SWA 0-1,
     # FULL r2 (2), REUSE r2 (3), FULL r1 + candidate source (4), REUSE r1 (5, 7), REINDEX (6); 12 indexer
@@ -384,7 +393,12 @@ def _tiny() -> V41Config:
         index_n_heads=12, index_head_dim=32, index_topk=4, sliding_window=8,
         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
         max_position_embeddings=1024, num_nextn_predict_layers=0, pad_token_id=2,
-        yarn=YarnConfig(factor=16.0, original_max_position_embeddings=64))
+        yarn=YarnConfig(factor=16.0, original_max_position_embeddings=64),
+        # the byte tokenizer of a random model maps ids to themselves (the fixture's word tokenizer
+        # gives its own compressed size and table rows; see its config.json)
+        engram_layer_ids=(1, 4), engram_vocab_size=50, engram_max_ngram_size=4, engram_n_heads=2,
+        engram_head_dim=32, engram_pad_id=2, engram_compressed_vocab_size=256,
+        engram_num_embeddings=_engram_rows((1, 4), 50, 4, 2))
 
 
 def _mid() -> V41Config:

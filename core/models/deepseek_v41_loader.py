@@ -179,9 +179,75 @@ def _as_param(t: torch.Tensor, sp: Spec, cfg: V41Config, dt: torch.dtype):
     return Weight.dense(t.to(dt))
 
 
+def random_engram(cfg: V41Config, ops, device: str = "cpu", dtype: str = "float32", seed: int = 0):
+    """The Engram service of a random-weight model: seeded float32 tables held in host memory
+    (numpy, never a torch tensor on the device) and the identity compressed-token map (a byte
+    tokenizer has nothing to merge). None without Engram layers."""
+    if not cfg.engram_layer_ids:
+        return None
+    import numpy as np
+
+    from shuili.core.models.engram import Engram, EngramTable
+    from shuili.core.models.engram_hash import EngramSpec
+
+    spec = EngramSpec.from_config(cfg)
+    g = torch.Generator(device="cpu").manual_seed(seed + 7919)
+    tables = {}
+    for lid, n in zip(cfg.engram_layer_ids, cfg.engram_num_embeddings):
+        rows = numerics.normal((n, cfg.engram_head_dim), g, 0.0, 1.0).numpy()
+        tables[lid] = EngramTable(np.ascontiguousarray(rows).view(np.uint8), None, "float32", cfg.engram_head_dim,
+                                  f"random Engram table of layer {lid}")
+    token_map = list(range(cfg.vocab_size))
+    if cfg.engram_compressed_vocab_size != cfg.vocab_size:
+        raise ValueError(f"a random-weight Engram model uses the identity token map: set "
+                         f"engram_compressed_vocab_size = vocab_size ({cfg.vocab_size})")
+    return Engram(spec, token_map, tables, ops, device=device, dtype=getattr(torch, dtype))
+
+
 # ------------------------------------------------------------------------------------ checkpoints
 class CheckpointError(ValueError):
     pass
+
+
+# Engram table tensor names: (data, scale) per naming; the tables are mapped, never loaded
+_ENGRAM_NAMES = {"transformers": ("model.engram_tables.{L}.weight", "model.engram_tables.{L}.weight_scale_inv"),
+                 "released": ("layers.{L}.engram.embed.weight", "layers.{L}.engram.embed.scale")}
+
+
+def load_engram(path: str, cfg: V41Config, tokenizer, ops, device: str = "cpu", dtype: str = "float32"):
+    """The Engram service of a checkpoint: each table memory-mapped from its safetensors shard (found
+    through the index), the compressed-token map built from the checkpoint's tokenizer."""
+    if not cfg.engram_layer_ids:
+        return None
+    from shuili.core.models.engram import Engram, EngramTable
+    from shuili.core.models.engram_hash import EngramSpec, build_compressed_token_map
+
+    handles, where = _reader(path)
+    tables = {}
+    for lid in cfg.engram_layer_ids:
+        for naming, (wn, sn) in _ENGRAM_NAMES.items():
+            w, s = wn.format(L=lid), sn.format(L=lid)
+            if w in where:
+                break
+        else:
+            raise CheckpointError(f"checkpoint has no Engram table for layer {lid}: expected "
+                                  f"{_ENGRAM_NAMES['transformers'][0].format(L=lid)!r} or "
+                                  f"{_ENGRAM_NAMES['released'][0].format(L=lid)!r}")
+        try:
+            tables[lid] = EngramTable.from_safetensors(os.path.join(path, where[w]), w, s if s in where else None)
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(str(exc)) from None
+        if s in where and where[s] != where[w]:
+            raise CheckpointError(f"Engram table {w!r} and its scale {s!r} sit in different shards; "
+                                  "the mapped reader needs them in one file")
+    if not hasattr(tokenizer, "_tok"):
+        raise CheckpointError(f"{path}: the Engram hash needs the checkpoint's tokenizer.json (the compressed "
+                              "token map is derived from it)")
+    token_map, size = build_compressed_token_map(tokenizer)
+    if size != cfg.engram_compressed_vocab_size:
+        raise CheckpointError(f"{path}: the tokenizer gives {size} compressed ids but engram_compressed_vocab_size "
+                              f"is {cfg.engram_compressed_vocab_size}: the tokenizer is not the checkpoint's")
+    return Engram(EngramSpec.from_config(cfg), token_map, tables, ops, device=device, dtype=getattr(torch, dtype))
 
 
 def read_config(path: str, **overrides) -> V41Config:
