@@ -454,7 +454,11 @@ def load_checkpoint(path: str, ops: DispatchTable, device: str = "cpu", dtype: s
 
     cfg = read_config(path, **overrides)
     params = load_params(path, cfg, device=device, dtype=dtype, progress=progress)
-    tok = load_tokenizer(path, cfg.vocab_size, cfg.eos_token_ids, cfg.bos_token_id)
+    import os
+
+    # without tokenizer.json the model's byte tokenizer (which also fits a 256-id vocabulary)
+    tok = (load_tokenizer(path, cfg.vocab_size, cfg.eos_token_ids, cfg.bos_token_id)
+           if os.path.isfile(os.path.join(path, "tokenizer.json")) else None)
     engram = load_engram(path, cfg, tok, ops, device=device, dtype=dtype)
     return DeepseekV41Model(cfg, ops, params, device=device, dtype=dtype, max_model_len=max_model_len,
                             tokenizer=tok, engram=engram)
