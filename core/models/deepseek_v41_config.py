@@ -410,7 +410,12 @@ def _mid() -> V41Config:
         index_source_layer_ids=(2, 7, 9, 11), candidate_source_layer_id=7, candidate_topk_blocks=2048,
         candidate_block_size=8, index_n_heads=32, index_head_dim=128, index_topk=512, sliding_window=128,
         n_routed_experts=32, num_experts_per_tok=6, moe_intermediate_size=768, n_shared_experts=1,
-        num_nextn_predict_layers=0, quantization=QuantConfig())
+        num_nextn_predict_layers=0, quantization=QuantConfig(),
+        # the released Engram row shape (24 rows of 256 per token per layer) with smaller tables
+        # (~12M rows, 3.2 GB each as fp8 rows) in host memory; the identity token map of the byte tokenizer
+        engram_layer_ids=(1, 5), engram_vocab_size=500_000, engram_max_ngram_size=4, engram_n_heads=8,
+        engram_head_dim=256, engram_pad_id=2, engram_compressed_vocab_size=129280,
+        engram_num_embeddings=_engram_rows((1, 5), 500_000, 4, 8))
 
 
 NAMED: dict[str, V41Config] = {"tiny-v41": _tiny(), "mid-v41": _mid()}

@@ -194,9 +194,19 @@ def random_engram(cfg: V41Config, ops, device: str = "cpu", dtype: str = "float3
     g = torch.Generator(device="cpu").manual_seed(seed + 7919)
     tables = {}
     for lid, n in zip(cfg.engram_layer_ids, cfg.engram_num_embeddings):
-        rows = numerics.normal((n, cfg.engram_head_dim), g, 0.0, 1.0).numpy()
-        tables[lid] = EngramTable(np.ascontiguousarray(rows).view(np.uint8), None, "float32", cfg.engram_head_dim,
-                                  f"random Engram table of layer {lid}")
+        what = f"random Engram table of layer {lid}"
+        if n * cfg.engram_head_dim <= 1 << 22:  # small: float32 normal rows
+            rows = numerics.normal((n, cfg.engram_head_dim), g, 0.0, 1.0).numpy()
+            tables[lid] = EngramTable(np.ascontiguousarray(rows).view(np.uint8), None, "float32",
+                                      cfg.engram_head_dim, what)
+            continue
+        # large (mid-v41): fp8 rows as the release stores them, random e4m3 bytes without NaN codes
+        # (0x7F / 0xFF) and one scale 2^-4 per 32, from numpy's PCG64 (the same bytes on every host)
+        rng = np.random.default_rng(seed * 1000 + lid)
+        data = rng.integers(0, 256, size=(n, cfg.engram_head_dim), dtype=np.uint8)
+        data[(data & 0x7F) == 0x7F] ^= 0x01
+        scale = np.full((n, cfg.engram_head_dim // 32), 127 - 4, dtype=np.uint8)
+        tables[lid] = EngramTable(data, scale, "mxfp8", cfg.engram_head_dim, what)
     token_map = list(range(cfg.vocab_size))
     if cfg.engram_compressed_vocab_size != cfg.vocab_size:
         raise ValueError(f"a random-weight Engram model uses the identity token map: set "
