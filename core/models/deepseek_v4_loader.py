@@ -15,6 +15,7 @@ import torch
 
 from shuili.core.models.deepseek_v4_config import V4Config
 from shuili.core.models.safetensors_index import Checkpoint, CheckpointError  # noqa: F401 (re-exported)
+from shuili.core.models.safetensors_index import open_safetensors as _open_safetensors  # noqa: F401 (old name)
 from shuili.hal import numerics
 from shuili.hal.types import Weight
 
