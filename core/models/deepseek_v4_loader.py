@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.models.deepseek_v4_config import V4Config
-from shuili.core.models.safetensors_index import Checkpoint, CheckpointError  # noqa: F401 (re-exported)
+from shuili.core.models.safetensors_index import Checkpoint, CheckpointError, check_tensor  # noqa: F401
 from shuili.core.models.safetensors_index import open_safetensors as _open_safetensors  # noqa: F401 (old name)
 from shuili.hal import numerics
 from shuili.hal.types import Weight
@@ -172,31 +172,41 @@ def _e8m0_bytes(s: torch.Tensor) -> torch.Tensor:
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _check(rd, name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple) -> None:
+    check_tensor(name, t.dtype, t.shape, shape, dtypes, getattr(rd, "where", {}).get(name, ""))
+
+
 def _load_linear(rd: Checkpoint, name: str, shape: tuple[int, int], dt: torch.dtype, dev: str) -> Weight:
     """A float or fp8_block128 2-D linear weight, as stored."""
-    if rd.info(name, shape, _FLOATS + (torch.float8_e4m3fn,))[0] == torch.float8_e4m3fn:
-        w = rd.get(name, shape, (torch.float8_e4m3fn,))
+    w = rd.get(name)
+    if w.dtype == torch.float8_e4m3fn:
+        _check(rd, name, w, shape, (torch.float8_e4m3fn,))
         sname = name[: -len("weight")] + "scale"
-        s = rd.get(sname, (-(-shape[0] // 128), -(-shape[1] // 128)),
-                   (torch.float8_e8m0fnu, torch.float32, torch.uint8))
+        s = rd.get(sname)
+        _check(rd, sname, s, (-(-shape[0] // 128), -(-shape[1] // 128)),
+               (torch.float8_e8m0fnu, torch.float32, torch.uint8))
         return Weight("fp8_block128", w.to(dev), _e8m0_to_f32(s).to(dev), tuple(shape))
-    w = rd.get(name, shape, _FLOATS + (torch.float8_e4m3fn,))  # names fp8 as allowed in the message
+    _check(rd, name, w, shape, _FLOATS + (torch.float8_e4m3fn,))  # names fp8 as allowed in the message
     return Weight.dense(w.to(device=dev, dtype=dt))
 
 
-def _load_expert(rd: Checkpoint, name: str, shape: tuple[int, int]) -> tuple[str, torch.Tensor, torch.Tensor | None]:
+def _load_expert(rd, name: str, shape: tuple[int, int]) -> tuple[str, torch.Tensor, torch.Tensor | None]:
+    """`rd` needs only get(name) (the V4.1 loader passes its own reader)."""
+    w = rd.get(name)
     N, K = shape
     sname = name[: -len("weight")] + "scale"
-    dtype = rd.info(name, shape, _FLOATS + (torch.float8_e4m3fn, torch.int8, torch.uint8))[0]
-    if dtype in (torch.int8, torch.uint8):
-        w = rd.get(name, (N, K // 2), (torch.int8, torch.uint8))
-        s = rd.get(sname, (N, K // 32), (torch.float8_e8m0fnu, torch.uint8))
+    if w.dtype in (torch.int8, torch.uint8):
+        _check(rd, name, w, (N, K // 2), (torch.int8, torch.uint8))
+        s = rd.get(sname)
+        _check(rd, sname, s, (N, K // 32), (torch.float8_e8m0fnu, torch.uint8))
         return "mxfp4", w.view(torch.uint8), _e8m0_bytes(s)
-    if dtype == torch.float8_e4m3fn:
-        w = rd.get(name, shape, (torch.float8_e4m3fn,))
-        s = rd.get(sname, (-(-N // 128), -(-K // 128)), (torch.float8_e8m0fnu, torch.float32, torch.uint8))
+    if w.dtype == torch.float8_e4m3fn:
+        _check(rd, name, w, shape, (torch.float8_e4m3fn,))
+        s = rd.get(sname)
+        _check(rd, sname, s, (-(-N // 128), -(-K // 128)), (torch.float8_e8m0fnu, torch.float32, torch.uint8))
         return "fp8_block128", w, _e8m0_to_f32(s)
-    return "dense", rd.get(name, shape, _FLOATS), None
+    _check(rd, name, w, shape, _FLOATS + (torch.float8_e4m3fn, torch.int8, torch.uint8))
+    return "dense", w, None
 
 
 def _stack_experts(rd: Checkpoint, prefix: str, cfg: V4Config, which: str, dt, dev: str) -> Weight:
