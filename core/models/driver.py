@@ -7,19 +7,17 @@ is freed, so sliding groups simply keep every block.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
-from shuili.core.model_api import ForwardBatch
+from shuili.core.model_api import ForwardBatch, default_tokens_per_block
 
 
 class CacheDriver:
     def __init__(self, model, max_seqs: int, max_len: int, tokens_per_block: int | None = None,
                  device: str | None = None):
         self.groups = model.cache_groups()
-        # the smallest block every compressed group divides (16 at least)
-        P = tokens_per_block or math.lcm(16, *(g.ratio for g in self.groups))
+        P = tokens_per_block or default_tokens_per_block(self.groups)
         for g in self.groups:
             g.entries_per_block(P)
         self.P, self.max_len = P, max_len
