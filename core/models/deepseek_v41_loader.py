@@ -215,8 +215,7 @@ def random_engram(cfg: V41Config, ops, device: str = "cpu", dtype: str = "float3
 
 
 # ------------------------------------------------------------------------------------ checkpoints
-class CheckpointError(ValueError):
-    pass
+from shuili.core.models.safetensors_index import Checkpoint, CheckpointError  # noqa: E402
 
 
 # Engram table tensor names: (data, scale) per naming; the tables are mapped, never loaded
@@ -232,7 +231,8 @@ def load_engram(path: str, cfg: V41Config, tokenizer, ops, device: str = "cpu", 
     from shuili.core.models.engram import Engram, EngramTable
     from shuili.core.models.engram_hash import EngramSpec, build_compressed_token_map
 
-    handles, where = _reader(path)
+    ckpt = Checkpoint(path)
+    where = ckpt.where
     tables = {}
     for lid in cfg.engram_layer_ids:
         for naming, (wn, sn) in _ENGRAM_NAMES.items():
@@ -284,39 +284,6 @@ def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple) ->
         raise CheckpointError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
 
 
-def _reader(path: str):
-    """The shard reader: honours model.safetensors.index.json when present."""
-    from shuili.core.models.deepseek_v4_loader import _open_safetensors
-
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        from shuili.core.errors import read_json
-
-        wm = read_json(index).get("weight_map")
-        if not isinstance(wm, dict):
-            raise CheckpointError(f"{index}: no weight_map object")
-        handles = {}
-        for f in sorted(set(wm.values())):
-            fp = os.path.join(path, f)
-            if not os.path.isfile(fp):
-                names = sorted(k for k, v in wm.items() if v == f)
-                raise CheckpointError(f"{index} maps {len(names)} tensors (e.g. {names[0]!r}) to shard {f!r}, "
-                                      "which does not exist")
-            handles[f] = _open_safetensors(fp)
-        where = {}
-        for k, f in wm.items():
-            if k not in handles[f].keys():
-                raise CheckpointError(f"{index} maps tensor {k!r} to {f!r}, but that shard does not hold it")
-            where[k] = f
-    else:
-        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{path!r} has no *.safetensors files")
-        handles = {f: _open_safetensors(os.path.join(path, f)) for f in files}
-        where = {k: f for f, h in handles.items() for k in h.keys()}
-    return handles, where
-
-
 def _dequant_fp8(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     from shuili.core.models.deepseek_v4_loader import _e8m0_to_f32
 
@@ -331,7 +298,8 @@ def load_params(path: str, cfg: V41Config, device: str = "cpu", dtype: str = "fl
     the checkpoint's names); a tensor the backbone does not know is an error naming it."""
     from tqdm import tqdm
 
-    handles, where = _reader(path)
+    ckpt = Checkpoint(path)  # honours model.safetensors.index.json
+    where = ckpt.where
     dt = getattr(torch, dtype)
     sch = schema(cfg)
     hf = any(k.startswith("model.layers.") or k == "model.embed_tokens.weight" for k in where)
@@ -357,9 +325,7 @@ def load_params(path: str, cfg: V41Config, device: str = "cpu", dtype: str = "fl
                               "a known ignored one: the checkpoint does not match its config.json")
 
     def get(name: str) -> torch.Tensor:
-        if name not in where:
-            raise CheckpointError(f"checkpoint is missing tensor {name!r}")
-        return handles[where[name]].get_tensor(name)
+        return ckpt.get(name)
 
     def scale_of(name: str) -> torch.Tensor:
         base = name[: -len("weight")]
