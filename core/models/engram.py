@@ -158,8 +158,10 @@ class EngramTable:
 class _HostGather:
     """One host-side gather: the step's row ids hashed and gathered into one (pinned) uint8 buffer."""
 
-    def __init__(self, buf: torch.Tensor, rows: int, layout: list[tuple[int, int]]):
+    def __init__(self, buf: torch.Tensor, rows: int, layout: list[tuple[int, int]],
+                 decoded: dict[int, torch.Tensor] | None = None):
         self.buf, self.rows, self.layout = buf, rows, layout  # layout: (offset, bytes) per layer
+        self.decoded = decoded  # CPU device: rows already dequantized by the gathering thread
 
 
 class EngramRows:
@@ -219,7 +221,10 @@ class Engram:
             self.tables[lid].gather(np.ascontiguousarray(rid[:, k]).reshape(-1), host[off:off + sizes[k]])
             layout.append((off, sizes[k]))
             off += sizes[k]
-        return _HostGather(buf, t * c, layout)
+        g = _HostGather(buf, t * c, layout)
+        if self.device.type == "cpu":  # host == device: dequantize here too, off the forward's thread
+            g.decoded = self._upload(g)
+        return g
 
     @staticmethod
     def _key(ids: Sequence[int], history: Sequence[int]) -> tuple:
@@ -300,6 +305,8 @@ class Engram:
                 for lid, rs in per_layer.items()}
 
     def _upload(self, g: _HostGather) -> dict[int, torch.Tensor]:
+        if g.decoded is not None:
+            return g.decoded
         dev = upload_tensor(self.transfer, g.buf, self.device)
         return {lid: self.tables[lid].decode(dev[o:o + n], g.rows, self.ops)
                 for lid, (o, n) in zip(self.spec.layer_ids, g.layout)}
