@@ -202,6 +202,7 @@ class Engram:
         self._slots = prefetch_slots
         self._lock = threading.Lock()
         self._uva: dict[int, tuple] = {}
+        self._warned: set[int] = set()
         self.stats = {"host_gathers": 0, "prefetch_hits": 0, "device_gathers": 0}
 
     @property
@@ -331,16 +332,21 @@ class Engram:
         return out
 
     def _uva_rows(self, lid: int, ids: torch.Tensor) -> torch.Tensor:
-        """CUDA: rows read by the device straight from the registered host mapping. Untested on a
-        GPU in this work; on any failure, one host round trip (a sync) with a warning."""
+        """Rows read by the device straight from the table's host pages, mapped once by the platform
+        transfer service (`map_host`: CUDA registers the pages); a platform without it, or a mapping
+        that fails, gets one host round trip per step (a sync), with a warning."""
         table = self.tables[lid]
         try:
-            views = self._uva.get(lid) or self._uva.setdefault(lid, _uva_views(table, ids.device))
+            views = self._uva.get(lid)
+            if views is None:
+                views = self._uva[lid] = _mapped_views(self.transfer, table, ids.device)
             parts = [v.index_select(0, ids).reshape(-1) for v in views]
-            raw = torch.cat(parts) if len(parts) > 1 else parts[0]
-            return table.decode(raw, ids.numel(), self.ops)
-        except Exception as exc:  # noqa: BLE001 - fall back, loudly
-            log.warning("Engram zero-copy gather unavailable (%s); falling back to a host round trip", exc)
+            return table.decode(torch.cat(parts) if len(parts) > 1 else parts[0], ids.numel(), self.ops)
+        except Exception as exc:  # noqa: BLE001 - fall back, loudly, once per table
+            if lid not in self._warned:
+                self._warned.add(lid)
+                log.warning("Engram zero-copy gather unavailable on %s (%s): host round trip per step "
+                            "(a sync in overlap mode)", ids.device, exc)
             host = ids.cpu().numpy()
             buf = torch.empty(host.size * table.packed_bytes, dtype=torch.uint8, pin_memory=self.pin)
             table.gather(host, buf.numpy())
@@ -350,30 +356,11 @@ class Engram:
         self._pool.shutdown(wait=True)
 
 
-class _CudaArray:
-    def __init__(self, ptr: int, shape: tuple[int, int]):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": "|u1", "data": (ptr, True), "version": 3}
-
-
-def _uva_views(table: EngramTable, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Device tensors aliasing the table's host pages (cudaHostRegister mapped + read-only)."""
-    if device.type != "cuda":
-        raise RuntimeError(f"zero-copy host reads are implemented for CUDA only, not {device.type}")
-    cudart = torch.cuda.cudart()
-    views = []
-    for arr in (table.data, table.scale if table.kind == "mxfp8" else None):
-        if arr is None:
-            continue
-        if arr.dtype == np.uint32:
-            raise RuntimeError("float32 Engram scales need the host gather (converted to e8m0 there)")
-        ptr, size = arr.ctypes.data, arr.nbytes
-        # the mapping may start mid-page: register the whole pages around it
-        page = 4096
-        base = ptr - ptr % page
-        length = -(-(ptr + size - base) // page) * page
-        err = cudart.cudaHostRegister(base, length, 2 | 8)  # Mapped | ReadOnly
-        if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister failed with error {int(err)}")
-        with torch.cuda.device(device):
-            views.append(torch.as_tensor(_CudaArray(ptr, tuple(arr.shape)), device=device))
-    return tuple(views)
+def _mapped_views(transfer, table: EngramTable, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Device views of the table's data and scale pages through `transfer.map_host`."""
+    fn = getattr(transfer, "map_host", None)
+    if fn is None:
+        raise RuntimeError("the platform's transfer service cannot map host memory for the device")
+    if table.scale is not None and table.scale.dtype == np.uint32:
+        raise RuntimeError("float32 Engram scales need the host gather (converted to e8m0 there)")
+    return tuple(fn(a, device) for a in (table.data, table.scale) if a is not None)
