@@ -102,7 +102,9 @@ class EngramTable:
             raise ValueError(f"{source}: an fp8 Engram table needs one scale row per data row")
 
     @classmethod
-    def from_safetensors(cls, path: str, weight: str, scale: str | None = None) -> "EngramTable":
+    def from_safetensors(cls, path: str, weight: str, scale: str | None = None,
+                         scale_path: str | None = None) -> "EngramTable":
+        """Map `weight` (and its `scale`, from `scale_path` when another shard holds it) of a file."""
         start, header = _safetensors_entries(path)
         data, dt = _map(path, weight, start, header, _FP8 + tuple(_FLOAT_DTYPES))
         if dt in _FLOAT_DTYPES:
@@ -110,7 +112,10 @@ class EngramTable:
             return cls(data, None, kind, data.shape[1] // item, f"{path}:{weight}")
         if scale is None:
             raise ValueError(f"{path}: Engram table {weight!r} is fp8 ({dt}) and needs its scale tensor name")
-        sc, sdt = _map(path, scale, start, header, _SCALE)
+        if scale_path is not None and scale_path != path:
+            sc, sdt = _map(scale_path, scale, *_safetensors_entries(scale_path), _SCALE)
+        else:
+            sc, sdt = _map(path, scale, start, header, _SCALE)
         d = data.shape[1]
         groups = sc.shape[1] // (4 if sdt == "F32" else 1)
         if sc.shape[0] != data.shape[0] or groups * 32 != d:

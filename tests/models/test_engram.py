@@ -333,3 +333,16 @@ def test_mapped_table_reads_equal_the_host_gather(tmp_path, mapping, caplog):
     else:
         assert "host round trip" in caplog.text
     eng.close()
+
+
+def test_scale_in_another_shard(tmp_path):
+    spec, tmap, tables, direct = tiny_setup(tmp_path)
+    t = tables[1]
+    write_safetensors(tmp_path / "a.safetensors", {"w": ("F8_E4M3", list(t.data.shape), t.data.tobytes())})
+    write_safetensors(tmp_path / "b.safetensors", {"s": ("F8_E8M0", list(t.scale.shape), t.scale.tobytes())})
+    split = EngramTable.from_safetensors(str(tmp_path / "a.safetensors"), "w", "s",
+                                         scale_path=str(tmp_path / "b.safetensors"))
+    ids = np.array([0, 5, t.num_rows - 1])
+    out = np.empty(ids.size * split.packed_bytes, np.uint8)
+    split.gather(ids, out)
+    assert torch.equal(split.decode(torch.from_numpy(out), ids.size, OPS), direct[1][torch.from_numpy(ids)])
