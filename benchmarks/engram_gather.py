@@ -4,8 +4,9 @@ Synthetic tables (fp8 rows [N, 256] + e8m0 scales [N, 8], i.e. the released 264 
 once to a safetensors file and memory-mapped like a checkpoint's; N follows from `--vocab` (24 primes
 above it per layer, ~24 x vocab rows). Per case it reports, in ms per step (median of --iters):
   hash       host hash of the step's tokens (int64 math)
-  gather     host gather of T x 24 rows per layer into one (pinned on CUDA) buffer
-  upload     one copy to the device + dequantize (kv_dequantize "mxfp8") to [T, 24 * 256]
+  gather     host gather of T x 24 rows per layer into one (pinned on CUDA) buffer; on the CPU device
+             this includes the dequantization (done on the gathering thread there)
+  upload     one copy to the device + dequantize (kv_dequantize "mxfp8") to [T, 24 * 256]; ~0 on CPU
   step       Engram.step + get(): hash, gather, upload, dequantize, end to end (no prefetch)
   exposed    what a step still waits for when the rows were prefetched while a compute stand-in
              of --compute-ms ran (0 = fully hidden)

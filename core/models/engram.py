@@ -188,7 +188,7 @@ class Engram:
 
     def __init__(self, spec: EngramSpec, token_map: Sequence[int] | torch.Tensor, tables: Mapping[int, EngramTable],
                  ops, device="cpu", dtype: torch.dtype = torch.float32, transfer=None, pin: bool | None = None,
-                 prefetch_slots: int = 16):
+                 prefetch_slots: int = 4):
         missing = [i for i in spec.layer_ids if i not in tables]
         if missing:
             raise ValueError(f"no Engram table for layers {missing} (engram_layer_ids {list(spec.layer_ids)})")
@@ -213,6 +213,19 @@ class Engram:
     @property
     def lookback(self) -> int:
         return self.spec.lookback
+
+    def prepare_device(self) -> None:
+        """Build the device hasher and map the tables for device reads now (call before capturing
+        decode graphs: neither may happen during a capture). A no-op on the CPU."""
+        if self.device.type == "cpu":
+            return
+        self._dev_hasher = self._dev_hasher or self.host_hasher.to(self.device)
+        for lid in self.spec.layer_ids:
+            if lid not in self._uva:
+                try:
+                    self._uva[lid] = _mapped_views(self.transfer, self.tables[lid], self.device)
+                except Exception as exc:  # noqa: BLE001 - the step path warns and falls back
+                    log.warning("Engram table of layer %d cannot be mapped for %s: %s", lid, self.device, exc)
 
     # ------------------------------------------------------------------------------- host path
     def _gather_host(self, ids: Sequence[int], history: Sequence[int]) -> _HostGather:
