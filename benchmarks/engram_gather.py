@@ -4,6 +4,7 @@ Synthetic tables (fp8 rows [N, 256] + e8m0 scales [N, 8], i.e. the released 264 
 once to a safetensors file and memory-mapped like a checkpoint's; N follows from `--vocab` (24 primes
 above it per layer, ~24 x vocab rows). Per case it reports, in ms per step (median of --iters):
   hash       host hash of the step's tokens (int64 math)
+  gather_raw the memmap reads alone: T x 24 rows per layer into a host buffer (no hash, no dequant)
   gather     host gather of T x 24 rows per layer into one (pinned on CUDA) buffer; on the CPU device
              this includes the dequantization (done on the gathering thread there)
   upload     one copy to the device + dequantize (kv_dequantize "mxfp8") to [T, 24 * 256]; ~0 on CPU
@@ -94,6 +95,14 @@ def run_case(engram, name: str, t: int, seqs: int, device, sync, iters: int, com
     res = {"case": name, "tokens": t, "rows_per_layer": t * engram.spec.n_cols,
            "bytes": t * engram.spec.n_cols * 264 * len(layers)}
     res["hash_ms"] = timed(lambda: engram.host_hasher(win), lambda: None, iters)
+    rid = engram.host_hasher(win).numpy()
+    bufs = [np.empty(t * engram.spec.n_cols * engram.tables[lid].packed_bytes, np.uint8) for lid in layers]
+
+    def raw():
+        for k, lid in enumerate(layers):
+            engram.tables[lid].gather(np.ascontiguousarray(rid[:, k]).reshape(-1), bufs[k])
+
+    res["gather_raw_ms"] = timed(raw, lambda: None, iters)
     g = engram._gather_host(ids, hist)
     res["gather_ms"] = timed(lambda: engram._gather_host(ids, hist), lambda: None, iters)
     res["upload_ms"] = timed(lambda: engram._upload(g), sync, iters)
