@@ -21,14 +21,24 @@ When the rows are gathered (design, and why):
   step's sampled tokens): the host cannot know the ids without waiting for the previous step, which
   would serialise overlap mode. Those steps hash on the device (same int64 math, same bits) from the
   filled `input_ids`, and gather from host memory the device can read: on the CPU (reference
-  platform) that is the memmap itself; on CUDA the table pages are registered with the driver
-  (cudaHostRegister, read-only, mapped) and read by an `index_select` through unified addressing
-  (`_uva_view`). No host sync either way.
-  Measured cost of the host gather (benchmarks/engram_gather.py, this 2-core CPU machine, mid-v41
-  sizes, 2 Engram layers, page-cached synthetic tables): see docs/performance.md section "Engram".
-  The CUDA zero-copy path has NOT been run on a GPU here (no device access for this work); it is
-  the design, exercised by the benchmark's `--device cuda`, and falls back to a host round trip
-  (a sync) with a warning if registration fails.
+  platform) that is the memmap itself; on CUDA the table pages are registered
+  once by the transfer service (`map_host`: cudaHostRegister, read-only, mapped) and read by an
+  `index_select` through unified addressing. No host sync either way.
+  Why device-side hashing for decode and not a host gather started the moment the sampled ids land:
+  the host learns the ids only after the previous step finishes, and the rows must be on the device
+  before layer 1 runs. A host gather would therefore hold the GPU at layer 1 for a download, a
+  gather and an upload every decode step, or need a device-side wait on a host flag. The device-side
+  hash costs a few int64 kernels and reads 24 x 264 B per token per layer over the bus, with no host
+  involvement.
+  Measured here (benchmarks/engram_gather.py, docs/performance.md "Engram gather": 2 shared CPU
+  cores, mid-v41 sizes, 2 layers, page-cached 1 GB of tables):
+  * reading the rows from the memmap: 0.26 ms for decode batch 64, 49 ms for a 4096-token chunk;
+  * the host hash: 0.2 / 6 ms;
+  * on the CPU, the reference `kv_dequantize` dominates (~35 ms / 2.3 s), and a prefetch hides it
+    for decode (0.95 ms exposed).
+  The CUDA zero-copy path has NOT been run on a GPU (no device access for this work). The
+  benchmark's `--device cuda` measures it; without `map_host` the step falls back to one host round
+  trip (a sync) and warns.
 """
 from __future__ import annotations
 
