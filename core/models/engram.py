@@ -286,8 +286,9 @@ class Engram:
     def step(self, batch) -> EngramRows:
         """Start the rows of this step's tokens. `batch`: a ForwardBatch with `engram_history`
         int64 [T, lookback] and `input_ids_cpu` (host ids, -1 placeholders). Chunks whose ids are
-        all on the host use the host gather (prefetched or started now); a step with placeholders
-        or a static (graph) decode step hashes on the device (`_device_rows`)."""
+        all on the host use the host gather (prefetched, or started now for each run of such
+        chunks); chunks with placeholders, and static (graph) decode steps, hash on the device
+        (`_device_rows`). Row order is the batch's."""
         hist = batch.engram_history
         t = batch.num_tokens
         if hist is None or tuple(hist.shape) != (t, self.spec.lookback):
@@ -296,24 +297,38 @@ class Engram:
                              "engram_history() when the model has Engram layers")
         ids_cpu = getattr(batch, "input_ids_cpu", None) or []
         hist_cpu = getattr(batch, "engram_history_cpu", None) or []
-        if batch.static_decode or len(ids_cpu) != t or len(hist_cpu) != t * self.spec.lookback \
-                or any(i < 0 for i in ids_cpu):
+        lb = self.spec.lookback
+        if batch.static_decode or len(ids_cpu) != t or len(hist_cpu) != t * lb:
             return EngramRows(self, [("device", batch.input_ids, hist)], t)
-        qsl, lb = batch.query_start_loc_cpu or [0, t], self.spec.lookback
-        parts, run = [], None  # run: consecutive chunks not prefetched, gathered together
+        qsl = batch.query_start_loc_cpu or [0, t]
+        parts, run = [], None  # run: (kind, first row, end row) of consecutive chunks of one kind
+
+        def flush():
+            if run is None:
+                return
+            kind, a, b = run
+            if kind == "device":
+                parts.append(("device", batch.input_ids[a:b], hist[a:b]))
+            else:
+                parts.append(("host", self._take(ids_cpu[a:b], hist_cpu[a * lb:b * lb])))
+
         for a, b in zip(qsl[:-1], qsl[1:]):
-            with self._lock:
-                fut = self._prefetched.pop(self._key(ids_cpu[a:b], hist_cpu[a * lb:b * lb]), None)
-            if fut is None:
-                run = (run[0], b) if run is not None else (a, b)
-                continue
-            self.stats["prefetch_hits"] += 1
-            if run is not None:
-                parts.append(("host", self._take(ids_cpu[run[0]:run[1]], hist_cpu[run[0] * lb:run[1] * lb])))
-            parts.append(("host", fut))
-            run = None
-        if run is not None:
-            parts.append(("host", self._take(ids_cpu[run[0]:run[1]], hist_cpu[run[0] * lb:run[1] * lb])))
+            kind = "device" if any(i < 0 for i in ids_cpu[a:b]) else "host"  # placeholders: device hash
+            if kind == "host":
+                with self._lock:
+                    fut = self._prefetched.pop(self._key(ids_cpu[a:b], hist_cpu[a * lb:b * lb]), None)
+                if fut is not None:
+                    self.stats["prefetch_hits"] += 1
+                    flush()
+                    run = None
+                    parts.append(("host", fut))
+                    continue
+            if run is not None and run[0] == kind:
+                run = (kind, run[1], b)
+            else:
+                flush()
+                run = (kind, a, b)
+        flush()
         return EngramRows(self, parts, t)
 
     def rows_for(self, ids: Sequence[int], history: Sequence[int]) -> dict[int, torch.Tensor]:
