@@ -32,8 +32,9 @@ class Transfer(Protocol):
     def download(self, tensors: Sequence[torch.Tensor | None]) -> Pending:
         """Start copying `tensors` to the host now (ordered after the work that produced them)."""
 
-    # optional (HAL 1.3 transfers without it get `upload_tensor`'s plain copy):
+    # optional (HAL 1.3 transfers without them get `upload_tensor`'s plain copy / no mapping):
     # upload_tensor(host: torch.Tensor, device) -> torch.Tensor, a bulk host buffer up, not waiting
+    # map_host(array: numpy uint8, device) -> torch.Tensor, device-readable view of host memory
 
 
 class _Ready:

@@ -21,14 +21,24 @@ When the rows are gathered (design, and why):
   step's sampled tokens): the host cannot know the ids without waiting for the previous step, which
   would serialise overlap mode. Those steps hash on the device (same int64 math, same bits) from the
   filled `input_ids`, and gather from host memory the device can read: on the CPU (reference
-  platform) that is the memmap itself; on CUDA the table pages are registered with the driver
-  (cudaHostRegister, read-only, mapped) and read by an `index_select` through unified addressing
-  (`_uva_view`). No host sync either way.
-  Measured cost of the host gather (benchmarks/engram_gather.py, this 2-core CPU machine, mid-v41
-  sizes, 2 Engram layers, page-cached synthetic tables): see docs/performance.md section "Engram".
-  The CUDA zero-copy path has NOT been run on a GPU here (no device access for this work); it is
-  the design, exercised by the benchmark's `--device cuda`, and falls back to a host round trip
-  (a sync) with a warning if registration fails.
+  platform) that is the memmap itself; on CUDA the table pages are registered
+  once by the transfer service (`map_host`: cudaHostRegister, read-only, mapped) and read by an
+  `index_select` through unified addressing. No host sync either way.
+  Why device-side hashing for decode and not a host gather started the moment the sampled ids land:
+  the host learns the ids only after the previous step finishes, and the rows must be on the device
+  before layer 1 runs. A host gather would therefore hold the GPU at layer 1 for a download, a
+  gather and an upload every decode step, or need a device-side wait on a host flag. The device-side
+  hash costs a few int64 kernels and reads 24 x 264 B per token per layer over the bus, with no host
+  involvement.
+  Measured here (benchmarks/engram_gather.py, docs/performance.md "Engram gather": 2 shared CPU
+  cores, mid-v41 sizes, 2 layers, page-cached 1 GB of tables):
+  * reading the rows from the memmap: 0.26 ms for decode batch 64, 49 ms for a 4096-token chunk;
+  * the host hash: 0.2 / 6 ms;
+  * on the CPU, the reference `kv_dequantize` dominates (~35 ms / 2.3 s), and a prefetch hides it
+    for decode (0.95 ms exposed).
+  The CUDA zero-copy path has NOT been run on a GPU (no device access for this work). The
+  benchmark's `--device cuda` measures it; without `map_host` the step falls back to one host round
+  trip (a sync) and warns.
 """
 from __future__ import annotations
 
@@ -102,7 +112,9 @@ class EngramTable:
             raise ValueError(f"{source}: an fp8 Engram table needs one scale row per data row")
 
     @classmethod
-    def from_safetensors(cls, path: str, weight: str, scale: str | None = None) -> "EngramTable":
+    def from_safetensors(cls, path: str, weight: str, scale: str | None = None,
+                         scale_path: str | None = None) -> "EngramTable":
+        """Map `weight` (and its `scale`, from `scale_path` when another shard holds it) of a file."""
         start, header = _safetensors_entries(path)
         data, dt = _map(path, weight, start, header, _FP8 + tuple(_FLOAT_DTYPES))
         if dt in _FLOAT_DTYPES:
@@ -110,7 +122,10 @@ class EngramTable:
             return cls(data, None, kind, data.shape[1] // item, f"{path}:{weight}")
         if scale is None:
             raise ValueError(f"{path}: Engram table {weight!r} is fp8 ({dt}) and needs its scale tensor name")
-        sc, sdt = _map(path, scale, start, header, _SCALE)
+        if scale_path is not None and scale_path != path:
+            sc, sdt = _map(scale_path, scale, *_safetensors_entries(scale_path), _SCALE)
+        else:
+            sc, sdt = _map(path, scale, start, header, _SCALE)
         d = data.shape[1]
         groups = sc.shape[1] // (4 if sdt == "F32" else 1)
         if sc.shape[0] != data.shape[0] or groups * 32 != d:
@@ -158,8 +173,10 @@ class EngramTable:
 class _HostGather:
     """One host-side gather: the step's row ids hashed and gathered into one (pinned) uint8 buffer."""
 
-    def __init__(self, buf: torch.Tensor, rows: int, layout: list[tuple[int, int]]):
+    def __init__(self, buf: torch.Tensor, rows: int, layout: list[tuple[int, int]],
+                 decoded: dict[int, torch.Tensor] | None = None):
         self.buf, self.rows, self.layout = buf, rows, layout  # layout: (offset, bytes) per layer
+        self.decoded = decoded  # CPU device: rows already dequantized by the gathering thread
 
 
 class EngramRows:
@@ -181,7 +198,7 @@ class Engram:
 
     def __init__(self, spec: EngramSpec, token_map: Sequence[int] | torch.Tensor, tables: Mapping[int, EngramTable],
                  ops, device="cpu", dtype: torch.dtype = torch.float32, transfer=None, pin: bool | None = None,
-                 prefetch_slots: int = 16):
+                 prefetch_slots: int = 4):
         missing = [i for i in spec.layer_ids if i not in tables]
         if missing:
             raise ValueError(f"no Engram table for layers {missing} (engram_layer_ids {list(spec.layer_ids)})")
@@ -200,11 +217,25 @@ class Engram:
         self._slots = prefetch_slots
         self._lock = threading.Lock()
         self._uva: dict[int, tuple] = {}
+        self._warned: set[int] = set()
         self.stats = {"host_gathers": 0, "prefetch_hits": 0, "device_gathers": 0}
 
     @property
     def lookback(self) -> int:
         return self.spec.lookback
+
+    def prepare_device(self) -> None:
+        """Build the device hasher and map the tables for device reads now (call before capturing
+        decode graphs: neither may happen during a capture). A no-op on the CPU."""
+        if self.device.type == "cpu":
+            return
+        self._dev_hasher = self._dev_hasher or self.host_hasher.to(self.device)
+        for lid in self.spec.layer_ids:
+            if lid not in self._uva:
+                try:
+                    self._uva[lid] = _mapped_views(self.transfer, self.tables[lid], self.device)
+                except Exception as exc:  # noqa: BLE001 - the step path warns and falls back
+                    log.warning("Engram table of layer %d cannot be mapped for %s: %s", lid, self.device, exc)
 
     # ------------------------------------------------------------------------------- host path
     def _gather_host(self, ids: Sequence[int], history: Sequence[int]) -> _HostGather:
@@ -219,7 +250,10 @@ class Engram:
             self.tables[lid].gather(np.ascontiguousarray(rid[:, k]).reshape(-1), host[off:off + sizes[k]])
             layout.append((off, sizes[k]))
             off += sizes[k]
-        return _HostGather(buf, t * c, layout)
+        g = _HostGather(buf, t * c, layout)
+        if self.device.type == "cpu":  # host == device: dequantize here too, off the forward's thread
+            g.decoded = self._upload(g)
+        return g
 
     @staticmethod
     def _key(ids: Sequence[int], history: Sequence[int]) -> tuple:
@@ -252,8 +286,9 @@ class Engram:
     def step(self, batch) -> EngramRows:
         """Start the rows of this step's tokens. `batch`: a ForwardBatch with `engram_history`
         int64 [T, lookback] and `input_ids_cpu` (host ids, -1 placeholders). Chunks whose ids are
-        all on the host use the host gather (prefetched or started now); a step with placeholders
-        or a static (graph) decode step hashes on the device (`_device_rows`)."""
+        all on the host use the host gather (prefetched, or started now for each run of such
+        chunks); chunks with placeholders, and static (graph) decode steps, hash on the device
+        (`_device_rows`). Row order is the batch's."""
         hist = batch.engram_history
         t = batch.num_tokens
         if hist is None or tuple(hist.shape) != (t, self.spec.lookback):
@@ -262,24 +297,38 @@ class Engram:
                              "engram_history() when the model has Engram layers")
         ids_cpu = getattr(batch, "input_ids_cpu", None) or []
         hist_cpu = getattr(batch, "engram_history_cpu", None) or []
-        if batch.static_decode or len(ids_cpu) != t or len(hist_cpu) != t * self.spec.lookback \
-                or any(i < 0 for i in ids_cpu):
+        lb = self.spec.lookback
+        if batch.static_decode or len(ids_cpu) != t or len(hist_cpu) != t * lb:
             return EngramRows(self, [("device", batch.input_ids, hist)], t)
-        qsl, lb = batch.query_start_loc_cpu or [0, t], self.spec.lookback
-        parts, run = [], None  # run: consecutive chunks not prefetched, gathered together
+        qsl = batch.query_start_loc_cpu or [0, t]
+        parts, run = [], None  # run: (kind, first row, end row) of consecutive chunks of one kind
+
+        def flush():
+            if run is None:
+                return
+            kind, a, b = run
+            if kind == "device":
+                parts.append(("device", batch.input_ids[a:b], hist[a:b]))
+            else:
+                parts.append(("host", self._take(ids_cpu[a:b], hist_cpu[a * lb:b * lb])))
+
         for a, b in zip(qsl[:-1], qsl[1:]):
-            with self._lock:
-                fut = self._prefetched.pop(self._key(ids_cpu[a:b], hist_cpu[a * lb:b * lb]), None)
-            if fut is None:
-                run = (run[0], b) if run is not None else (a, b)
-                continue
-            self.stats["prefetch_hits"] += 1
-            if run is not None:
-                parts.append(("host", self._take(ids_cpu[run[0]:run[1]], hist_cpu[run[0] * lb:run[1] * lb])))
-            parts.append(("host", fut))
-            run = None
-        if run is not None:
-            parts.append(("host", self._take(ids_cpu[run[0]:run[1]], hist_cpu[run[0] * lb:run[1] * lb])))
+            kind = "device" if any(i < 0 for i in ids_cpu[a:b]) else "host"  # placeholders: device hash
+            if kind == "host":
+                with self._lock:
+                    fut = self._prefetched.pop(self._key(ids_cpu[a:b], hist_cpu[a * lb:b * lb]), None)
+                if fut is not None:
+                    self.stats["prefetch_hits"] += 1
+                    flush()
+                    run = None
+                    parts.append(("host", fut))
+                    continue
+            if run is not None and run[0] == kind:
+                run = (kind, run[1], b)
+            else:
+                flush()
+                run = (kind, a, b)
+        flush()
         return EngramRows(self, parts, t)
 
     def rows_for(self, ids: Sequence[int], history: Sequence[int]) -> dict[int, torch.Tensor]:
@@ -300,6 +349,8 @@ class Engram:
                 for lid, rs in per_layer.items()}
 
     def _upload(self, g: _HostGather) -> dict[int, torch.Tensor]:
+        if g.decoded is not None:
+            return g.decoded
         dev = upload_tensor(self.transfer, g.buf, self.device)
         return {lid: self.tables[lid].decode(dev[o:o + n], g.rows, self.ops)
                 for lid, (o, n) in zip(self.spec.layer_ids, g.layout)}
@@ -324,16 +375,21 @@ class Engram:
         return out
 
     def _uva_rows(self, lid: int, ids: torch.Tensor) -> torch.Tensor:
-        """CUDA: rows read by the device straight from the registered host mapping. Untested on a
-        GPU in this work; on any failure, one host round trip (a sync) with a warning."""
+        """Rows read by the device straight from the table's host pages, mapped once by the platform
+        transfer service (`map_host`: CUDA registers the pages); a platform without it, or a mapping
+        that fails, gets one host round trip per step (a sync), with a warning."""
         table = self.tables[lid]
         try:
-            views = self._uva.get(lid) or self._uva.setdefault(lid, _uva_views(table, ids.device))
+            views = self._uva.get(lid)
+            if views is None:
+                views = self._uva[lid] = _mapped_views(self.transfer, table, ids.device)
             parts = [v.index_select(0, ids).reshape(-1) for v in views]
-            raw = torch.cat(parts) if len(parts) > 1 else parts[0]
-            return table.decode(raw, ids.numel(), self.ops)
-        except Exception as exc:  # noqa: BLE001 - fall back, loudly
-            log.warning("Engram zero-copy gather unavailable (%s); falling back to a host round trip", exc)
+            return table.decode(torch.cat(parts) if len(parts) > 1 else parts[0], ids.numel(), self.ops)
+        except Exception as exc:  # noqa: BLE001 - fall back, loudly, once per table
+            if lid not in self._warned:
+                self._warned.add(lid)
+                log.warning("Engram zero-copy gather unavailable on %s (%s): host round trip per step "
+                            "(a sync in overlap mode)", ids.device, exc)
             host = ids.cpu().numpy()
             buf = torch.empty(host.size * table.packed_bytes, dtype=torch.uint8, pin_memory=self.pin)
             table.gather(host, buf.numpy())
@@ -343,30 +399,11 @@ class Engram:
         self._pool.shutdown(wait=True)
 
 
-class _CudaArray:
-    def __init__(self, ptr: int, shape: tuple[int, int]):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": "|u1", "data": (ptr, True), "version": 3}
-
-
-def _uva_views(table: EngramTable, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Device tensors aliasing the table's host pages (cudaHostRegister mapped + read-only)."""
-    if device.type != "cuda":
-        raise RuntimeError(f"zero-copy host reads are implemented for CUDA only, not {device.type}")
-    cudart = torch.cuda.cudart()
-    views = []
-    for arr in (table.data, table.scale if table.kind == "mxfp8" else None):
-        if arr is None:
-            continue
-        if arr.dtype == np.uint32:
-            raise RuntimeError("float32 Engram scales need the host gather (converted to e8m0 there)")
-        ptr, size = arr.ctypes.data, arr.nbytes
-        # the mapping may start mid-page: register the whole pages around it
-        page = 4096
-        base = ptr - ptr % page
-        length = -(-(ptr + size - base) // page) * page
-        err = cudart.cudaHostRegister(base, length, 2 | 8)  # Mapped | ReadOnly
-        if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister failed with error {int(err)}")
-        with torch.cuda.device(device):
-            views.append(torch.as_tensor(_CudaArray(ptr, tuple(arr.shape)), device=device))
-    return tuple(views)
+def _mapped_views(transfer, table: EngramTable, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Device views of the table's data and scale pages through `transfer.map_host`."""
+    fn = getattr(transfer, "map_host", None)
+    if fn is None:
+        raise RuntimeError("the platform's transfer service cannot map host memory for the device")
+    if table.scale is not None and table.scale.dtype == np.uint32:
+        raise RuntimeError("float32 Engram scales need the host gather (converted to e8m0 there)")
+    return tuple(fn(a, device) for a in (table.data, table.scale) if a is not None)

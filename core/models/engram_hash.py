@@ -163,7 +163,9 @@ class EngramHasher:
         if windows.ndim != 2 or windows.shape[1] != n:
             raise ValueError(f"windows must be [T, {n}] (a token and its {n - 1} predecessors), "
                              f"got {tuple(windows.shape)}")
-        if windows.numel() and int(windows.max()) >= self.token_map.numel():
+        # checked on the host only: reading a device tensor's max would sync (a device index out of
+        # range still fails, in the gather)
+        if windows.device.type == "cpu" and windows.numel() and int(windows.max()) >= self.token_map.numel():
             raise ValueError(f"token id {int(windows.max())} is outside the compressed-token map "
                              f"({self.token_map.numel()} ids)")
         dead = windows < 0

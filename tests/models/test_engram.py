@@ -248,51 +248,105 @@ class _Inline:
 
 
 class _TableOnDevice(EngramTable):
-    """Negative control: a table that puts itself on the model device and gathers there."""
+    """Negative control: a table that copies itself to the model device (then gathers as usual)."""
+
+    device = "cpu"
 
     def gather(self, ids, out):
-        whole = torch.from_numpy(np.ascontiguousarray(self.data)).to(DEVICE)  # the whole table
-        got = whole.index_select(0, torch.from_numpy(ids)).reshape(-1).numpy()
-        out[:got.size] = got
-        out[got.size:] = np.take(self.scale, ids, axis=0).reshape(-1)
+        torch.from_numpy(np.array(self.data)).to(self.device)  # the whole table on the device
+        super().gather(ids, out)
 
 
-DEVICE = "cpu"  # the model's device in this test (the reference platform's)
-
-
-def _largest_tensor_seen(tables, spec, tmap, steps) -> int:
+def _largest_tensor_seen(tables, spec, tmap, steps, device) -> int:
     log = _TensorLog()
     with log:
-        eng = Engram(spec, tmap, tables, OPS, device=DEVICE)
+        eng = Engram(spec, tmap, tables, OPS, device=device)
         eng._pool = _Inline()
         for b in steps:
             rows = eng.step(b)
             for lid in spec.layer_ids:
-                rows.get(lid)
+                assert rows.get(lid).device.type == device
         eng.close()
-    return max((n for d, n in log.seen if d == DEVICE), default=0)
+    return max((n for d, n in log.seen if d == device), default=0)
 
 
+@pytest.mark.parametrize("device", ["cpu", "meta"])
 @pytest.mark.parametrize("bad", [False, True], ids=["mapped", "negative-control-moved"])
-def test_engram_tables_are_never_allocated_on_the_device(tmp_path, bad):
+def test_engram_tables_are_never_allocated_on_the_device(tmp_path, bad, device):
     """Every tensor an aten op reads or makes on the model's device while the Engram is built and
-    runs steps (host and device paths) is logged: none is as large as a table; the largest are the
-    step's gathered rows. The negative control moves a table to the device and must be caught."""
+    runs steps is logged: none is as large as a table; the largest are the step's gathered rows.
+    "meta" stands for an accelerator (a device distinct from the host, no memory used); "cpu" is the
+    reference platform's device and also runs the device-side hash path (placeholder ids). The
+    negative control copies a table to the device and must be caught."""
     spec, tmap, tables, _ = tiny_setup(tmp_path)
     if bad:
         tables = {k: _TableOnDevice(t.data, t.scale, t.kind, t.head_dim, t.source) for k, t in tables.items()}
+        for t in tables.values():
+            t.device = device
     reqs = [[3, 4, 5, 6, 7, 8, 9], [50, 51]]
-    steps = [_batch(reqs, spec.lookback), _batch(reqs, spec.lookback, holes={8})]
+    steps = [_batch(reqs, spec.lookback)]
+    if device == "cpu":
+        steps.append(_batch(reqs, spec.lookback, holes={8}))
     table_bytes = min(t.data.nbytes for t in tables.values())
-    largest = _largest_tensor_seen(tables, spec, tmap, steps)
+    largest = _largest_tensor_seen(tables, spec, tmap, steps, device)
     if bad:
         assert largest >= table_bytes
     else:
         step_rows = 9 * len(spec.layer_ids) * spec.n_cols * spec.head_dim * 4  # float32 rows of a step
-        assert largest <= max(step_rows, tmap.numel() * 8) < table_bytes
+        assert 0 < largest <= max(step_rows, tmap.numel() * 8) < table_bytes
 
 
 def test_table_is_a_file_mapping_not_a_copy(tmp_path):
     _, _, tables, _ = tiny_setup(tmp_path)
     for t in tables.values():
         assert isinstance(t.data, np.memmap) and t.data.mode == "r"
+
+
+class _MappingTransfer:
+    """A transfer service whose `map_host` hands back a CPU alias (stands in for CUDA's zero-copy)."""
+
+    def __init__(self):
+        self.mapped = 0
+
+    def map_host(self, array, device):
+        self.mapped += 1
+        return torch.from_numpy(np.asarray(array))
+
+    def upload_tensor(self, host, device):
+        return host.to(device)
+
+
+@pytest.mark.parametrize("mapping", [True, False], ids=["map_host", "fallback-round-trip"])
+def test_mapped_table_reads_equal_the_host_gather(tmp_path, mapping, caplog):
+    import warnings
+
+    spec, tmap, tables, _ = tiny_setup(tmp_path)
+    transfer = _MappingTransfer() if mapping else None
+    eng = Engram(spec, tmap, tables, OPS, transfer=transfer)
+    toks = [3, 1, 4, 1, 5, 9, 2, 6]
+    host = eng.rows_for(toks, engram_history(lambda a, b: toks[a:b], 0, len(toks), spec.lookback))
+    rid = EngramHasher(spec, tmap)(windows_from(torch.tensor(toks), torch.tensor(
+        engram_history(lambda a, b: toks[a:b], 0, len(toks), spec.lookback)).view(-1, spec.lookback)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.from_numpy of a read-only map
+        for k, lid in enumerate(spec.layer_ids):
+            got = eng._uva_rows(lid, rid[:, k].reshape(-1)).view(len(toks), -1)
+            assert torch.equal(got, host[lid])
+    if mapping:
+        assert transfer.mapped == 2 * len(spec.layer_ids)  # data + scale pages, mapped once per table
+    else:
+        assert "host round trip" in caplog.text
+    eng.close()
+
+
+def test_scale_in_another_shard(tmp_path):
+    spec, tmap, tables, direct = tiny_setup(tmp_path)
+    t = tables[1]
+    write_safetensors(tmp_path / "a.safetensors", {"w": ("F8_E4M3", list(t.data.shape), t.data.tobytes())})
+    write_safetensors(tmp_path / "b.safetensors", {"s": ("F8_E8M0", list(t.scale.shape), t.scale.tobytes())})
+    split = EngramTable.from_safetensors(str(tmp_path / "a.safetensors"), "w", "s",
+                                         scale_path=str(tmp_path / "b.safetensors"))
+    ids = np.array([0, 5, t.num_rows - 1])
+    out = np.empty(ids.size * split.packed_bytes, np.uint8)
+    split.gather(ids, out)
+    assert torch.equal(split.decode(torch.from_numpy(out), ids.size, OPS), direct[1][torch.from_numpy(ids)])
