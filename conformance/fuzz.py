@@ -228,6 +228,17 @@ def gen_hc_split_sinkhorn(rng: Rng, **_) -> Case:
     return case
 
 
+def gen_engram_gate(rng: Rng, **_) -> Case:
+    t, m, d = rng.size(), rng.choice([1, 4]), rng.choice([32, 64, 256])
+    # q * k weights near 1, streams and kv of unequal scales: gates spread over (0, 1)
+    kw = {"x": rng.normal(t, m, d, std=rng.choice([0.05, 1.0, 30.0])), "kv": rng.normal(t, (m + 1) * d),
+          "q_weight": 1.0 + rng.normal(m, d, std=0.3), "k_weight": 1.0 + rng.normal(m, d, std=0.3),
+          "eps": rng.choice([1e-20, 1e-6])}
+    case = Case("engram_gate", 0, kw, ("x", "kv"), t, params={"T": t, "m": m, "D": d})
+    case.split = _rows({"x": 0, "kv": 0})(case)
+    return case
+
+
 # ---------------------------------------------------------------------------------------- routing
 _SCORINGS = ("sqrtsoftplus", "softmax", "sigmoid")
 
@@ -422,6 +433,28 @@ def gen_indexer_topk(rng: Rng, formats: tuple[str, ...] = (), reference=None, **
                         "tokens": tok_lens, "q_lens": q_lens})
     case.split = _per_seq_split(case, ("q", "weights", "positions"), qsl, "block_tables", ())
     return case
+
+
+def gen_indexer_select(rng: Rng, formats: tuple[str, ...] = (), reference=None, **_) -> Case:
+    """indexer_topk's layout plus the V4.1 levels: a candidate pool per query (later index
+    sources) or a level-one block selection (the candidate source), or neither."""
+    case = gen_indexer_topk(rng, formats, reference)
+    kw = dict(case.kwargs)
+    t = kw["q"].shape[0]
+    mode = rng.choice(["plain", "pool", "level_one"])
+    size = rng.choice([1, 2, 4])
+    kw["candidate_block_size"] = size
+    kw["candidate_topk"] = rng.choice([1, 2, 3]) if mode == "level_one" else 0
+    kw["candidates"] = None
+    if mode == "pool":
+        width = rng.choice([1, 2, 3])
+        kw["candidates"] = rng.ints(-1, 12, (t, width)).to(torch.int32)
+    params = dict(case.params, mode=mode, candidate_block_size=size, candidate_topk=kw["candidate_topk"])
+    out = Case("indexer_select", 0, kw, case.act, case.units, params=params)
+    qsl = kw["query_start_loc"]
+    per_q = ("q", "weights", "positions") + (("candidates",) if mode == "pool" else ())
+    out.split = _per_seq_split(out, per_q, qsl, "block_tables", ())
+    return out
 
 
 # --------------------------------------------------------------------------------------- sampling

@@ -74,6 +74,15 @@ def _engine(platform: str, w: workloads.Workload, seed: int, checks, engine_leve
             log.exception("bounded replay of %s crashed", w.name)
             results.append(CheckResult(name=f"replay.{w.name}", kind="replay", status="fail",
                                        message=f"raised {type(exc).__name__}: {exc}"))
+    if replay and w.cache_once:
+        from shuili.conformance import cache_once
+
+        try:
+            results += cache_once.check_cache_once(w, platform, seed, batch_invariant)
+        except Exception as exc:
+            log.exception("cache-once check of %s crashed", w.name)
+            results.append(CheckResult(name=f"cache_once.{w.name}", kind="replay", status="fail",
+                                       message=f"raised {type(exc).__name__}: {exc}"))
     return results
 
 

@@ -36,6 +36,7 @@ class Workload(BaseModel):
     needle_batch_sizes: tuple[int, ...] = (3, 9, 17)
     bounded_replay: bool = False  # the model has a sliding window: run the truncated-vs-full check
     replay_prompt_tokens: int = 0  # prompt length of the bounded-replay check (> the window)
+    cache_once: bool = False  # the model shares compressed KV across layers: run the cache-once check
     ppl_texts: bool = False  # also lock per-text perplexity of conformance/data/ppl_texts.jsonl
 
 
@@ -46,6 +47,9 @@ WORKLOADS: dict[str, Workload] = {
     "tiny-v4-quick": Workload(name="tiny-v4-quick", model="tiny-v4", prompts=(_TEXTS[0], _TEXTS[2]),
                               max_tokens=8, chunk_budgets=(11,), needle_batch_sizes=(3,),
                               bounded_replay=True, replay_prompt_tokens=40),
+    # DeepSeek-V4.1: every CED layer role, Engram; the cache-once check replaces the generic replay
+    "tiny-v41": Workload(name="tiny-v41", model="tiny-v41", prompts=_TEXTS, max_tokens=12, chunk_budgets=(7, 29),
+                         cache_once=True, replay_prompt_tokens=40),
     "smollm2-135m": Workload(name="smollm2-135m", model="smollm2-135m", prompts=_TEXTS[:4],
                              max_tokens=16, chunk_budgets=(13,), needle_batch_sizes=(3, 9), ppl_texts=True),
 }

@@ -26,7 +26,8 @@ class EngineConfig(ReadableErrors, BaseModel):
     max_model_len: int | None = Field(None, description="None = the model's limit")
     max_num_seqs: int = Field(64, description="most requests running at once")
     max_num_batched_tokens: int = Field(2048, description="token budget of one step")
-    tokens_per_block: int = Field(16, description="P: tokens per KV block (a multiple of every ratio)")
+    tokens_per_block: int | None = Field(None, description="P: tokens per KV block (a multiple of every "
+                                         "cache group's ratio); None = the smallest multiple of 16 that is")
     num_blocks: int | None = Field(None, description="KV blocks per cache group; None = from the budget")
     kv_cache_bytes: int = Field(1 << 30, description="KV memory budget when num_blocks is None")
     enable_prefix_caching: bool = True

@@ -17,6 +17,7 @@ import time
 
 from shuili.core.config import EngineConfig
 from shuili.core.kv_cache import KVCacheManager
+from shuili.core.model_api import default_tokens_per_block
 from shuili.core.outputs import CompletionOutput, RequestOutput
 from shuili.core.request import Request
 from shuili.core.runner import ModelRunner, StepResult
@@ -43,7 +44,7 @@ class Engine:
         self.tokenizer = model.tokenizer
         self.max_model_len = self._max_len(config, model)
         groups = model.cache_groups()
-        P = config.tokens_per_block
+        P = config.tokens_per_block or default_tokens_per_block(groups)
         self.num_blocks = config.num_blocks or self._blocks_from_budget(groups, P)
         self.eos = tuple(self.tokenizer.eos_token_ids)
         self.kv = KVCacheManager(groups, self.num_blocks, P, config.enable_prefix_caching)

@@ -8,6 +8,7 @@ caching for all groups: a group with `ratio` r holds P / r entries per block.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -49,7 +50,8 @@ class CacheGroupSpec(BaseModel):
         if tokens_per_block % self.ratio:
             raise ValueError(
                 f"tokens_per_block {tokens_per_block} is not a multiple of group {self.name}'s "
-                f"ratio {self.ratio}")
+                f"ratio {self.ratio}; use a multiple of {self.ratio}, or leave tokens_per_block unset "
+                "to take the smallest block that fits the model")
         return tokens_per_block // self.ratio
 
     def bytes_per_block(self, tokens_per_block: int) -> int:
@@ -57,6 +59,13 @@ class CacheGroupSpec(BaseModel):
         for s in self.entry_shape:
             n *= s
         return n * torch.empty((), dtype=getattr(torch, self.dtype)).element_size() * len(self.layers)
+
+
+def default_tokens_per_block(groups: list[CacheGroupSpec], at_least: int = 16) -> int:
+    """The block size when the user sets none: the smallest multiple of `at_least` that every group's ratio
+    divides (one block then holds a whole number of entries of every group; V4's 128-token HCA entries
+    make it 128, V4.1's ratios 1 and 2 leave it 16)."""
+    return math.lcm(at_least, *(g.ratio for g in groups))
 
 
 @dataclass
@@ -92,6 +101,12 @@ class ForwardBatch:
     seq_lens_cpu: list[int] = field(default_factory=list)
     context_lens_cpu: list[int] = field(default_factory=list)
     static_decode: bool = False
+    # Engram models only (`engram_lookback` > 0): ids of positions p-1 .. p-lookback of each token
+    # (-1 before the sequence start), int64 [T, lookback] on the device and flat on the host, and the
+    # host ids of this step (-1 = placeholder filled on the device)
+    engram_history: torch.Tensor | None = None
+    engram_history_cpu: list[int] = field(default_factory=list)
+    input_ids_cpu: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
+from shuili.core.models.engram_hash import engram_history
 from shuili.core.request import Request, stop_ids
 from shuili.core.sampler import Penalties, Sampler, SamplingBatch
 from shuili.core.scheduler import SampleRow, SchedulerOutput, StepOutput
@@ -66,6 +67,7 @@ class HostStep:
     holes: list[tuple[int, str]] = field(default_factory=list)  # (input row, request id) filled from prev
     tables: dict[str, list[list[int]]] = field(default_factory=dict)  # group -> [B] block tables
     slots: dict[str, list[int]] = field(default_factory=dict)  # group -> [T] cache slots
+    engram_history: list[int] = field(default_factory=list)  # [T * lookback] (Engram models)
 
 
 @dataclass
@@ -99,6 +101,7 @@ class ModelRunner:
         model.bind_caches(self.caches, tokens_per_block)
         self.sampler = Sampler(ops, model.vocab_size)
         self.eos = tuple(model.tokenizer.eos_token_ids)
+        self.engram_lookback = int(getattr(model, "engram_lookback", 0) or 0)
 
     def build_batch(self, out: SchedulerOutput, prev: StepResult | None = None) -> Step:
         """ForwardBatch plus which logits rows are samples / prompt logprobs; one upload."""
@@ -124,6 +127,8 @@ class ModelRunner:
             arrays["table." + name] = ([b for t in tab for b in t + [-1] * (width - len(t))], i32)
         for name, slot in h.slots.items():
             arrays["slots." + name] = (slot, i64)
+        if self.engram_lookback:
+            arrays["engram_history"] = (h.engram_history, i64)
         flags = self._sampling_arrays(arrays, h.sample_rows, prev)
         dev = self.transfer.upload(arrays, self.device)
         batch = ForwardBatch(
@@ -134,6 +139,10 @@ class ModelRunner:
             slot_mapping={n: dev["slots." + n] for n in h.slots},
             logits_indices=dev["logits_indices"], tokens_per_block=self.P,
             query_start_loc_cpu=h.query_start_loc, seq_lens_cpu=h.seq_lens, context_lens_cpu=h.context_lens)
+        if self.engram_lookback:
+            batch.engram_history = dev["engram_history"].view(-1, self.engram_lookback)
+            batch.engram_history_cpu, batch.input_ids_cpu = h.engram_history, h.input_ids
+            self._engram_prefetch(out)
         return Step(batch=batch, sample_rows=h.sample_rows, prompt_rows=h.prompt_rows, holes=h.holes,
                     sample_idx=dev["sample_idx"], prompt_idx=dev["prompt_idx"],
                     prompt_targets=dev["prompt_targets"], hole_rows=dev["hole_rows"], hole_src=dev["hole_src"],
@@ -167,6 +176,8 @@ class ModelRunner:
         h.holes += [(row0 + j, req.request_id) for j, t in enumerate(toks) if t < 0]
         h.input_ids += toks
         h.positions += range(c.start, c.end)
+        if self.engram_lookback:
+            h.engram_history += engram_history(req.tokens, c.start, c.end, self.engram_lookback)
         h.query_start_loc.append(len(h.input_ids))
         h.seq_lens.append(c.end)
         h.context_lens.append(c.start)
@@ -184,6 +195,18 @@ class ModelRunner:
         for name, slot in h.slots.items():
             blocks = req.block_ids[name]
             slot += [blocks[p // P] * P + p % P if blocks[p // P] >= 0 else -1 for p in range(c.start, c.end)]
+
+    def _engram_prefetch(self, out: SchedulerOutput) -> None:
+        """Start gathering the Engram rows of each prefill's likely next chunk (same length) now,
+        while this step runs; the model's `engram_prefetch(ids, history)` keys them by content."""
+        fn = getattr(self.model, "engram_prefetch", None)
+        if fn is None:
+            return
+        for c in out.chunks:
+            req, n = c.req, c.end - c.start
+            end = min(c.end + n, req.num_prompt_tokens)
+            if c.end < end:
+                fn(req.tokens(c.end, end), engram_history(req.tokens, c.end, end, self.engram_lookback))
 
     def execute(self, out: SchedulerOutput, prev: StepResult | None = None) -> StepResult:
         step = self.build_batch(out, prev)

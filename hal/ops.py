@@ -160,6 +160,25 @@ def hc_split_sinkhorn(
     """
 
 
+@_op("mhc", since="1.4")
+def engram_gate(
+    x: torch.Tensor,
+    kv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """DeepSeek-V4.1 Engram write into the residual streams. x [T, m, D] (m hc streams); kv
+    [T, (m + 1) D] = wkv(the token's gathered table rows): m keys, then one shared value; q_weight,
+    k_weight [m, D]. All in float32 (w = q_weight * k_weight elementwise):
+    dot_k  = sum_D(x_k * w_k * key_k) * rsqrt(mean_D(x_k^2) + eps) * rsqrt(mean_D(key_k^2) + eps) / sqrt(D)
+    gate_k = sigmoid(sign(dot_k) * sqrt(max(|dot_k|, 1e-6)))
+    out_k  = x_k + gate_k * value                                               -> [T, m, D], x's dtype
+    Each stream is normalised on its own (over D), not jointly over the m streams. Row-local: a
+    token's output depends only on its own x and kv rows.
+    """
+
+
 # ------------------------------------------------------------------------------------------ routing
 @_op("moe")
 def moe_route_topk(
@@ -291,6 +310,38 @@ def indexer_topk(
     e < (positions[t] + 1) // ratio. Returns int32 [T, topk]: entry ids (within the sequence) of
     the topk highest scores, descending, ties to the lower entry id, padded with -1 when fewer are
     visible.
+    """
+
+
+@_op("indexer", since="1.4")
+def indexer_select(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    ratio: int,
+    topk: int,
+    k_format: str = "none",
+    candidates: torch.Tensor | None = None,
+    candidate_topk: int = 0,
+    candidate_block_size: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4.1 two-level indexer: `indexer_topk`'s scores, an optional candidate pool that
+    restricts them, and an optional level-one selection of candidate blocks.
+
+    Inputs and score[t, e] as `indexer_topk` (visible entries e < (positions[t] + 1) // ratio).
+    Entry blocks: block j holds entries [j * S, (j + 1) * S), S = candidate_block_size.
+    candidates int32 [T, C] or None: the blocks (ids within the sequence, -1 = none) query t may
+    pick from; entries of other blocks score -inf.
+    Level one (candidate_topk > 0; the candidate source layer, which passes candidates=None):
+    block score = max of its visible entries' scores (-inf with none visible); the block holding
+    the newest visible entry, (n_t - 1) // S, scores +inf (pinned); the candidate_topk highest
+    blocks with a score > -inf, descending, ties to the lower block id, -1 padded.
+    Returns (idx int32 [T, topk]: the topk highest finite-score visible entries, descending, ties
+    to the lower entry id, -1 padded; cand int32 [T, candidate_topk], [T, 0] when
+    candidate_topk == 0).
     """
 
 

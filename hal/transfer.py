@@ -32,6 +32,10 @@ class Transfer(Protocol):
     def download(self, tensors: Sequence[torch.Tensor | None]) -> Pending:
         """Start copying `tensors` to the host now (ordered after the work that produced them)."""
 
+    # optional (HAL 1.3 transfers without them get `upload_tensor`'s plain copy / no mapping):
+    # upload_tensor(host: torch.Tensor, device) -> torch.Tensor, a bulk host buffer up, not waiting
+    # map_host(array: numpy uint8, device) -> torch.Tensor, device-readable view of host memory
+
 
 class _Ready:
     def __init__(self, tensors: Sequence[torch.Tensor | None]):
@@ -50,6 +54,9 @@ class HostTransfer:
 
     def download(self, tensors: Sequence[torch.Tensor | None]) -> Pending:
         return _Ready(tensors)
+
+    def upload_tensor(self, host: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+        return host.to(torch.device(device))
 
 
 def pack(arrays: Sequence[tuple[Sequence, torch.dtype]], pin: bool = False):
@@ -112,8 +119,25 @@ class EventTransfer:
             return self._host.upload(arrays, device)
         return packed_upload(arrays, device, pin=True)
 
+    def upload_tensor(self, host: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+        """A bulk host buffer (e.g. gathered Engram rows) up in one asynchronous copy from page-locked
+        memory; the caching host allocator keeps the buffer alive until the copy is done."""
+        if torch.device(device).type != self.device_type:
+            return self._host.upload_tensor(host, device)
+        return (host if host.is_pinned() else host.pin_memory()).to(torch.device(device), non_blocking=True)
+
     def download(self, tensors: Sequence[torch.Tensor | None]) -> Pending:
         live = [t for t in tensors if t is not None]
         if not live or live[0].device.type != self.device_type:
             return self._host.download(tensors)
         return EventDownload(tensors, self.runtime)
+
+
+def upload_tensor(transfer: Transfer | None, host: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """`host` on `device` through the platform transfer service (its `upload_tensor` when it has one),
+    else a plain copy (non-blocking when `host` is pinned)."""
+    fn = getattr(transfer, "upload_tensor", None)
+    if fn is not None:
+        return fn(host, device)
+    dev = torch.device(device)
+    return host.to(dev, non_blocking=host.device.type == "cpu" and dev.type != "cpu" and host.is_pinned())

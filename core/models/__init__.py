@@ -7,11 +7,12 @@ from shuili.hal import DispatchTable
 
 DEFAULT_MODEL = "smollm2-135m"
 V4_NAMES = ("tiny-v4", "mid-v4")
+V41_NAMES = ("tiny-v41", "mid-v41")
 GGUF_NAMES = ("smollm2-135m",)
 
 
 def known_models() -> list[str]:
-    return [*GGUF_NAMES, *V4_NAMES]
+    return [*GGUF_NAMES, *V4_NAMES, *V41_NAMES]
 
 
 def load_model(name_or_path: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32",
@@ -21,6 +22,10 @@ def load_model(name_or_path: str, ops: DispatchTable, device: str = "cpu", dtype
         from shuili.core.models import deepseek_v4
 
         return deepseek_v4.build(name_or_path, ops, device=device, dtype=dtype, seed=seed)
+    if name_or_path in V41_NAMES:
+        from shuili.core.models import deepseek_v41
+
+        return deepseek_v41.build(name_or_path, ops, device=device, dtype=dtype, seed=seed)
     if name_or_path in GGUF_NAMES:
         from shuili.core.models import llama
 
@@ -44,7 +49,11 @@ def load_model(name_or_path: str, ops: DispatchTable, device: str = "cpu", dtype
             from shuili.core.models import deepseek_v4
 
             return deepseek_v4.load_checkpoint(name_or_path, ops, device=device, dtype=dtype)
+        if model_type in ("deepseek_v41", "deepseek_v41_text"):
+            from shuili.core.models import deepseek_v41
+
+            return deepseek_v41.load_checkpoint(name_or_path, ops, device=device, dtype=dtype)
         raise ValueError(f"{cfg_path}: model_type {model_type!r} is not supported; shuili serves "
-                         "deepseek_v4 checkpoints and Llama-family GGUF files")
+                         "deepseek_v4 / deepseek_v41 checkpoints and Llama-family GGUF files")
     raise ValueError(f"unknown model {name_or_path!r}: use one of {', '.join(known_models())}, "
                      "a checkpoint directory with config.json, or a .gguf file")

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.models.deepseek_v4_config import V4Config
+from shuili.core.models.safetensors_index import Checkpoint, CheckpointError, check_tensor  # noqa: F401
+from shuili.core.models.safetensors_index import open_safetensors as _open_safetensors  # noqa: F401 (old name)
 from shuili.hal import numerics
 from shuili.hal.types import Weight
 
@@ -148,8 +150,6 @@ def _as_param(t: torch.Tensor, sp: Spec, cfg: V4Config, dt: torch.dtype):
 
 
 # ------------------------------------------------------------------------------------ checkpoints
-class CheckpointError(ValueError):
-    pass
 
 
 def read_config(path: str, **overrides) -> V4Config:
@@ -176,83 +176,47 @@ def _e8m0_bytes(s: torch.Tensor) -> torch.Tensor:
     return s.view(torch.uint8)
 
 
-def _open_safetensors(path: str):
-    from safetensors import SafetensorError, safe_open
-
-    if os.path.getsize(path) == 0:
-        raise CheckpointError(f"{path} is empty (0 bytes); expected a safetensors file (re-download it)")
-    try:
-        return safe_open(path, "pt")
-    except SafetensorError as exc:
-        reason = str(exc).removeprefix("Error while deserializing header: ")
-        raise CheckpointError(f"{path} is not a readable safetensors file ({reason}): expected an 8-byte "
-                              "header length, a JSON header and every tensor's bytes; the file is "
-                              "corrupt or truncated (re-download it)") from None
-
-
-class _Reader:
-    """Tensor name -> (file, lazily opened memory map)."""
-
-    def __init__(self, path: str):
-        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{path!r} has no *.safetensors files")
-        self.handles = {f: _open_safetensors(os.path.join(path, f)) for f in files}
-        self.where = {k: f for f, h in self.handles.items() for k in h.keys()}
-
-    def has(self, name: str) -> bool:
-        return name in self.where
-
-    def get(self, name: str) -> torch.Tensor:
-        if name not in self.where:
-            raise CheckpointError(f"checkpoint is missing tensor {name!r}")
-        return self.handles[self.where[name]].get_tensor(name)
-
-
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple) -> None:
-    if t.dtype not in dtypes:
-        raise CheckpointError(f"tensor {name!r} has dtype {t.dtype}, expected one of "
-                              f"{[str(x).replace('torch.', '') for x in dtypes]}")
-    if tuple(t.shape) != tuple(shape):
-        raise CheckpointError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
+def _check(rd, name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple) -> None:
+    check_tensor(name, t.dtype, t.shape, shape, dtypes, getattr(rd, "where", {}).get(name, ""))
 
 
-def _load_linear(rd: _Reader, name: str, shape: tuple[int, int], dt: torch.dtype, dev: str) -> Weight:
+def _load_linear(rd: Checkpoint, name: str, shape: tuple[int, int], dt: torch.dtype, dev: str) -> Weight:
     """A float or fp8_block128 2-D linear weight, as stored."""
     w = rd.get(name)
     if w.dtype == torch.float8_e4m3fn:
-        _check(name, w, shape, (torch.float8_e4m3fn,))
+        _check(rd, name, w, shape, (torch.float8_e4m3fn,))
         sname = name[: -len("weight")] + "scale"
         s = rd.get(sname)
-        _check(sname, s, (-(-shape[0] // 128), -(-shape[1] // 128)),
+        _check(rd, sname, s, (-(-shape[0] // 128), -(-shape[1] // 128)),
                (torch.float8_e8m0fnu, torch.float32, torch.uint8))
         return Weight("fp8_block128", w.to(dev), _e8m0_to_f32(s).to(dev), tuple(shape))
-    _check(name, w, shape, _FLOATS + (torch.float8_e4m3fn,))  # names fp8 as allowed in the message
+    _check(rd, name, w, shape, _FLOATS + (torch.float8_e4m3fn,))  # names fp8 as allowed in the message
     return Weight.dense(w.to(device=dev, dtype=dt))
 
 
-def _load_expert(rd: _Reader, name: str, shape: tuple[int, int]) -> tuple[str, torch.Tensor, torch.Tensor | None]:
+def _load_expert(rd, name: str, shape: tuple[int, int]) -> tuple[str, torch.Tensor, torch.Tensor | None]:
+    """`rd` needs only get(name) (the V4.1 loader passes its own reader)."""
     w = rd.get(name)
     N, K = shape
     sname = name[: -len("weight")] + "scale"
     if w.dtype in (torch.int8, torch.uint8):
-        _check(name, w, (N, K // 2), (torch.int8, torch.uint8))
+        _check(rd, name, w, (N, K // 2), (torch.int8, torch.uint8))
         s = rd.get(sname)
-        _check(sname, s, (N, K // 32), (torch.float8_e8m0fnu, torch.uint8))
+        _check(rd, sname, s, (N, K // 32), (torch.float8_e8m0fnu, torch.uint8))
         return "mxfp4", w.view(torch.uint8), _e8m0_bytes(s)
     if w.dtype == torch.float8_e4m3fn:
-        _check(name, w, shape, (torch.float8_e4m3fn,))
+        _check(rd, name, w, shape, (torch.float8_e4m3fn,))
         s = rd.get(sname)
-        _check(sname, s, (-(-N // 128), -(-K // 128)), (torch.float8_e8m0fnu, torch.float32, torch.uint8))
+        _check(rd, sname, s, (-(-N // 128), -(-K // 128)), (torch.float8_e8m0fnu, torch.float32, torch.uint8))
         return "fp8_block128", w, _e8m0_to_f32(s)
-    _check(name, w, shape, _FLOATS)
+    _check(rd, name, w, shape, _FLOATS + (torch.float8_e4m3fn, torch.int8, torch.uint8))
     return "dense", w, None
 
 
-def _stack_experts(rd: _Reader, prefix: str, cfg: V4Config, which: str, dt, dev: str) -> Weight:
+def _stack_experts(rd: Checkpoint, prefix: str, cfg: V4Config, which: str, dt, dev: str) -> Weight:
     """Stack experts.{j}.w1|w3 into [E, 2I, D] (gate rows then up rows) or experts.{j}.w2 into [E, D, I]."""
     E, I, D = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
     parts = ("w1", "w3") if which == "w13" else ("w2",)
@@ -285,7 +249,7 @@ def load_params(path: str, cfg: V4Config, device: str = "cpu", dtype: str = "flo
     """Read every tensor of `schema(cfg)` (mtp.* only when with_mtp and present). Errors name the tensor."""
     from tqdm import tqdm
 
-    rd = _Reader(path)
+    rd = Checkpoint(path)
     dt = getattr(torch, dtype)
     want_mtp = with_mtp and cfg.num_nextn_predict_layers > 0 and rd.has("mtp.0.e_proj.weight")
     sch = schema(cfg, want_mtp)
@@ -298,14 +262,12 @@ def load_params(path: str, cfg: V4Config, device: str = "cpu", dtype: str = "flo
             w = _load_linear(rd, name, sp.shape, dt, device)
             out[name] = _grouped(w, cfg, name) if sp.kind == "grouped" else w
         elif sp.kind == "i64":
-            t = rd.get(name)
-            _check(name, t, sp.shape, (torch.int64, torch.int32))
+            t = rd.get(name, sp.shape, (torch.int64, torch.int32))
             if int(t.min()) < 0 or int(t.max()) >= cfg.n_routed_experts:
                 raise CheckpointError(f"tensor {name!r} has expert ids outside [0, {cfg.n_routed_experts})")
             out[name] = t.long().to(device)
         else:
-            t = rd.get(name)
-            _check(name, t, sp.shape, _FLOATS)
+            t = rd.get(name, sp.shape, _FLOATS)
             out[name] = t.to(device=device, dtype=torch.float32 if sp.kind == "f32" else dt)
     return out
 

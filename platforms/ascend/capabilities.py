@@ -25,6 +25,7 @@ KERNELS = {
     "swiglu": ("npu_swiglu; torch with a limit", "elementwise"),
     "embedding": ("torch embedding", "elementwise"),
     "hc_split_sinkhorn": ("host torch (reference numerics)", "host"),
+    "engram_gate": ("host torch (reference numerics)", "host"),
     "moe_route_topk": ("npu_moe_gating_top_k (sigmoid/softmax), renorm in Python; host torch for sqrtsoftplus", "row"),
     "moe_route_hash": ("npu_moe_gating_top_k hash mode (sigmoid/softmax); host torch for sqrtsoftplus", "row"),
     "kv_quantize": ("npu_dynamic_mx_quant scale_alg=1 (mxfp8, 950); host torch for fp4", "row"),
@@ -34,6 +35,7 @@ KERNELS = {
     "sparse_attention": ("torch on device, masked softmax over the listed entries (no torch_npu "
                          "op for V4's compressed attention); host torch in batch-invariant mode", "split"),
     "indexer_topk": ("npu_lightning_indexer, one batch entry per query", "split"),
+    "indexer_select": ("host torch (no torch_npu op has candidate pools or block selection)", "host"),
     "log_softmax": ("host torch", "host"),
     "apply_penalties": ("host torch", "host"),
     "sample": ("host torch", "host"),
@@ -42,7 +44,7 @@ KERNELS = {
 }
 _FORMATS = {"linear": _WEIGHTS, "grouped_linear": _WEIGHTS, "moe_experts": _WEIGHTS,
             "kv_quantize": _KV, "kv_dequantize": _KV, "sparse_attention": _KV_READ,
-            "indexer_topk": _KV_READ}
+            "indexer_topk": _KV_READ, "indexer_select": _KV_READ}
 
 
 def _level(kind: str, config) -> tuple[L, str | None]:

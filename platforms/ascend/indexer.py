@@ -58,4 +58,13 @@ def build(api, mode) -> dict:
             layout_key="PA_BSND", sparse_count=topk, sparse_mode=3)
         return idx[:, 0, :]
 
-    return {"indexer_topk": indexer_topk}
+    # no torch_npu operator scores against a candidate pool or selects candidate blocks
+    # (npu_lightning_indexer has neither), so the V4.1 two-level selection runs on the host
+    select = on_host("indexer_select")
+
+    def indexer_select(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, topk,
+                       k_format="none", candidates=None, candidate_topk=0, candidate_block_size=1):
+        return select(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, topk, k_format,
+                      candidates, candidate_topk, candidate_block_size)
+
+    return {"indexer_topk": indexer_topk, "indexer_select": indexer_select}

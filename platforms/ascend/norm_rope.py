@@ -95,6 +95,8 @@ def build(api, mode) -> dict:
     # is not batch-invariant (the conformance suite caught it); the reference's fixed-tree
     # numerics run on the host instead. Small: [T, m(m+2)] per layer.
     hc_split_sinkhorn = on_host("hc_split_sinkhorn")
+    engram_gate = on_host("engram_gate")
 
     return {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope": rope, "swiglu": swiglu,
-            "embedding": embedding, "hc_split_sinkhorn": hc_split_sinkhorn}
+            "embedding": embedding, "hc_split_sinkhorn": hc_split_sinkhorn,
+            "engram_gate": engram_gate}

@@ -42,21 +42,18 @@ def _score_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, H, rat
     tl.store(out_ptr + t * E_MAX + e, tl.where(eok, score, float("-inf")), mask=e < E_MAX)
 
 
-def indexer_topk(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, topk,
-                 k_format="none"):
+def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format):
+    """float32 [T, E_MAX] scores, -inf past each query's visible entries (E_MAX = the table's width)."""
     t, h, dk = q.shape
-    if ratio <= 0 or topk <= 0:
-        raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
     nb, bs = k_cache.shape[:2]
     e_max = block_tables.shape[1] * bs
-    out = torch.full((t, topk), -1, dtype=torch.int32, device=q.device)
+    scores = torch.empty(t, e_max, dtype=torch.float32, device=q.device)
     if t == 0 or e_max == 0:
-        return out
+        return scores
     row = dk if k_format == "none" else bytes_per_row(k_format, dk)
     rows = k_cache.reshape(nb * bs, row).contiguous()
     qsl = query_start_loc.to(torch.int64)
     seq = torch.searchsorted(qsl[1:].contiguous(), torch.arange(t, device=q.device), right=True)
-    scores = torch.empty(t, e_max, dtype=torch.float32, device=q.device)
     be = 64
     q = q.contiguous()
     _score_kernel[(t, cdiv(e_max, be))](
@@ -64,9 +61,54 @@ def indexer_topk(q, weights, k_cache, block_tables, query_start_loc, positions, 
         positions.to(torch.int64).contiguous(), scores, h, int(ratio), e_max, q.stride(0), q.stride(1),
         block_tables.shape[1], row, BS=bs, DK=dk, DKP=pow2(dk, 16), HP=pow2(h, 16), BE=be,
         FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32)
-    k = min(topk, e_max)
-    ids = torch.arange(e_max, device=q.device).expand(t, e_max)
+    return scores
+
+
+def _top(scores: torch.Tensor, k: int, width: int) -> torch.Tensor:
+    """int32 [T, width]: ids of the k highest finite scores (desc, ties to the lower id), -1 padded."""
+    t, n = scores.shape
+    out = torch.full((t, width), -1, dtype=torch.int32, device=scores.device)
+    k = min(k, n)
+    if t == 0 or k == 0:
+        return out
+    ids = torch.arange(n, device=scores.device).expand(t, n)
     top = key_ids(torch.topk(desc_key(scores, ids), k, dim=1, sorted=True).values)
-    valid = torch.isfinite(torch.gather(scores, 1, top))
+    valid = torch.gather(scores, 1, top) > float("-inf")
     out[:, :k] = torch.where(valid, top, -1).to(torch.int32)
     return out
+
+
+def indexer_topk(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, topk,
+                 k_format="none"):
+    if ratio <= 0 or topk <= 0:
+        raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
+    scores = _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format)
+    return _top(scores, topk, topk)
+
+
+def indexer_select(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, topk,
+                   k_format="none", candidates=None, candidate_topk=0, candidate_block_size=1):
+    """The V4.1 levels in torch on the kernel's scores: candidate-pool mask, block max with the
+    newest block pinned, and exact top-k on (score desc, id asc) keys for both."""
+    if ratio <= 0 or topk <= 0:
+        raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
+    scores = _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format)
+    t, n = scores.shape
+    S = candidate_block_size
+    blk = torch.arange(n, device=q.device) // S
+    if candidates is not None and t:
+        allowed = (blk[None, :, None] == candidates.to(torch.int64)[:, None, :]).any(-1)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    idx = _top(scores, topk, topk)
+    cand = torch.full((t, candidate_topk), -1, dtype=torch.int32, device=q.device)
+    if candidate_topk and t and n:
+        nblk = cdiv(n, S)
+        padded = torch.full((t, nblk * S), float("-inf"), device=q.device)
+        padded[:, :n] = scores
+        bscore = padded.view(t, nblk, S).amax(-1)
+        n_t = torch.div(positions.to(torch.int64) + 1, ratio, rounding_mode="floor")
+        last = torch.div(n_t - 1, S, rounding_mode="floor")
+        pin = (torch.arange(nblk, device=q.device)[None, :] == last[:, None]) & (n_t[:, None] > 0)
+        bscore = bscore.masked_fill(pin, float("inf"))
+        cand = _top(bscore, candidate_topk, candidate_topk)
+    return idx, cand

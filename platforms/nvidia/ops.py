@@ -6,6 +6,7 @@ import functools
 from shuili.platforms.nvidia import (
     attention, gemm, indexer, misc, moe, norm_rope, quant, sampling,
 )
+from shuili.platforms.reference.public import OPS as REFERENCE_OPS
 
 # ops whose kernels take the batch-invariant switch (fixed tiles / fixed KV split)
 MODE_OPS = {
@@ -22,6 +23,7 @@ PLAIN_OPS = {
     "swiglu": misc.swiglu,
     "embedding": misc.embedding,
     "hc_split_sinkhorn": misc.hc_split_sinkhorn,
+    "engram_gate": REFERENCE_OPS["engram_gate"],  # exact numerics, row-local, runs on the GPU
     "moe_route_topk": moe.moe_route_topk,
     "moe_route_hash": moe.moe_route_hash,
     "kv_quantize": quant.kv_quantize,
@@ -29,6 +31,7 @@ PLAIN_OPS = {
     "cache_write": misc.cache_write,
     "sparse_attention": attention.sparse_attention,
     "indexer_topk": indexer.indexer_topk,
+    "indexer_select": indexer.indexer_select,
     "log_softmax": sampling.log_softmax,
     "apply_penalties": sampling.apply_penalties,
     "sample": sampling.sample,

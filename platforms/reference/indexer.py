@@ -46,3 +46,66 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
         keep = torch.arange(order.shape[1])[None, :] < n_t[:, None]
         out[lo:hi, :order.shape[1]] = torch.where(keep, order, torch.full_like(order, -1)).to(torch.int32)
     return out
+
+
+def indexer_select(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
+                   block_tables: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor,
+                   ratio: int, topk: int, k_format: str = "none", candidates: torch.Tensor | None = None,
+                   candidate_topk: int = 0, candidate_block_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The DeepSeek-V4.1 two-level indexer, one sequence at a time: scores as `indexer_topk`
+    (exact dots, tree sum over heads), -inf outside the visible entries and the candidate blocks,
+    stable descending sorts (ties keep the lower id) for the entries and the candidate blocks.
+    """
+    t, h, dk = q.shape
+    nb, bs = k_cache.shape[:2]
+    qsl = query_start_loc.tolist()
+    if len(qsl) < 2 or qsl[0] != 0 or qsl[-1] != t:
+        raise ValueError(f"query_start_loc {qsl} must run from 0 to the {t} query tokens")
+    if ratio <= 0 or topk <= 0:
+        raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
+    if candidate_topk < 0 or candidate_block_size <= 0:
+        raise ValueError(f"candidate_topk ({candidate_topk}) must be >= 0 and candidate_block_size "
+                         f"({candidate_block_size}) > 0")
+    if candidates is not None and (candidates.dim() != 2 or candidates.shape[0] != t):
+        raise ValueError(f"candidates must be int32 [{t}, C], got {tuple(candidates.shape)}")
+    S = candidate_block_size
+    pos = positions.to(torch.int64)
+    qf, wf = q.to(torch.float32), weights.to(torch.float32)
+    out = torch.full((t, topk), -1, dtype=torch.int32)
+    cand_out = torch.full((t, candidate_topk), -1, dtype=torch.int32)
+    ninf = float("-inf")
+    for b in range(len(qsl) - 1):
+        lo, hi = qsl[b], qsl[b + 1]
+        if hi == lo:
+            continue
+        n_t = (pos[lo:hi] + 1) // ratio
+        n = int(n_t.max())
+        if n == 0:
+            continue
+        if -(-n // bs) > block_tables.shape[1]:
+            raise ValueError(f"a query of sequence {b} sees {n} entries but block_tables has only "
+                             f"{block_tables.shape[1]} blocks of {bs}")
+        keys = _rows(k_cache, k_format, dk, _slots(block_tables[b], torch.arange(n), bs))
+        dots = numerics.dot(qf[lo:hi], keys)  # [q, H, n]
+        score = numerics.tree_sum(wf[lo:hi, :, None] * dots.clamp_min(0.0), dim=1)  # [q, n]
+        ent = torch.arange(n)
+        score = torch.where(ent[None, :] < n_t[:, None], score, torch.full_like(score, ninf))
+        if candidates is not None:
+            allowed = ((ent // S)[None, :, None] == candidates[lo:hi, None, :].to(torch.int64)).any(-1)
+            score = torch.where(allowed, score, torch.full_like(score, ninf))
+        order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :topk]
+        keep = torch.gather(score, 1, order) > ninf
+        out[lo:hi, :order.shape[1]] = torch.where(keep, order, torch.full_like(order, -1)).to(torch.int32)
+        if candidate_topk:
+            nblk = -(-n // S)
+            padded = torch.full((hi - lo, nblk * S), ninf)
+            padded[:, :n] = score
+            bscore = padded.view(hi - lo, nblk, S).amax(-1)
+            last = torch.div(n_t - 1, S, rounding_mode="floor")
+            pin = (torch.arange(nblk)[None, :] == last[:, None]) & (n_t[:, None] > 0)
+            bscore = torch.where(pin, torch.full_like(bscore, float("inf")), bscore)
+            border = torch.sort(bscore, dim=1, descending=True, stable=True).indices[:, :candidate_topk]
+            bkeep = torch.gather(bscore, 1, border) > ninf
+            cand_out[lo:hi, :border.shape[1]] = torch.where(bkeep, border,
+                                                            torch.full_like(border, -1)).to(torch.int32)
+    return out, cand_out

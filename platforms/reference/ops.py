@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shuili.hal.capabilities import DtypeSupport
 from shuili.platforms.reference import (
-    attention, collectives, elementwise, gemm, indexer, kvcache, mhc, moe, norm, rope,
+    attention, collectives, elementwise, engram, gemm, indexer, kvcache, mhc, moe, norm, rope,
 )
 from shuili.platforms.reference.sampling import SAMPLING_OPS
 
@@ -19,6 +19,7 @@ OPS: dict[str, object] = {
     "swiglu": elementwise.swiglu,
     "embedding": elementwise.embedding,
     "hc_split_sinkhorn": mhc.hc_split_sinkhorn,
+    "engram_gate": engram.engram_gate,
     "moe_route_topk": moe.moe_route_topk,
     "moe_route_hash": moe.moe_route_hash,
     "kv_quantize": kvcache.kv_quantize,
@@ -27,6 +28,7 @@ OPS: dict[str, object] = {
     "paged_attention": attention.paged_attention,
     "sparse_attention": attention.sparse_attention,
     "indexer_topk": indexer.indexer_topk,
+    "indexer_select": indexer.indexer_select,
     "all_reduce": collectives.all_reduce,
     "all_gather": collectives.all_gather,
 }
@@ -47,4 +49,5 @@ FORMATS: dict[str, tuple[DtypeSupport, ...]] = {
     "kv_dequantize": _KV,
     "sparse_attention": _KV_READ,
     "indexer_topk": _KV_READ,
+    "indexer_select": _KV_READ,
 }

@@ -1,0 +1,464 @@
+"""DeepSeek-V4.1(-Flash) on the HAL: the causal encoder-decoder (CED) with cross-layer compressed-KV
+reuse, the two-level indexer, single-pass mHC and QAT fake-quant (v4_arch.md §2.1, §2.5-2.8).
+
+Per layer: [Engram write into the streams] -> attention site (its own pre/post/comb; the collapse
+uses the PREVIOUS site's pre, one-hot stream 0 for the very first) -> FFN site (collapse with the
+attention site's pre) -> hand the FFN site's pre on. The final collapse uses the last FFN pre; no
+hc_head. Attention: low-rank q (no per-head q norm in V4.1), one K=V latent, interleaved RoPE on
+its last channels (compress theta + YaRN on every layer with ratio > 0), window KV fake-quantized to
+MXFP8 before it is stored; on ratio > 0 layers the group's shared compressed entries at the index
+source's top-k, all in ONE `sparse_attention` softmax with sinks; inverse RoPE; grouped output.
+KV sources (role "full") pool their group's entries (ratio 2: per-channel softmax gate over a pair,
+ratio 1: no gate), derive indexer keys from the pre-RoPE latent, and publish both once for the
+layers after them; index sources ("full", "reindex") score with `indexer_select`, the candidate
+source also picking the candidate blocks that restrict every later index source.
+Parameter names are transformers' `DeepseekV41ForCausalLM` module names (the loader maps the
+released names onto them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from shuili.core.model_api import CacheGroupSpec, ForwardBatch
+from shuili.core.models.deepseek_v41_cache import cache_groups, idx_group, kv_group, state_group
+from shuili.core.models.deepseek_v41_config import V41Config, named
+from shuili.core.models.deepseek_v4 import rope_tables
+from shuili.core.models.deepseek_v4_cache import token_slots
+from shuili.core.models.driver import CacheDriver
+from shuili.core.models.tokenizer import ByteTokenizer
+from shuili.hal import DispatchTable, numerics
+from shuili.hal.types import Weight
+
+
+# ------------------------------------------------------------------------------------------ weights
+@dataclass
+class HC:
+    fn: Weight  # float32 dense [m(m+2), m*D]
+    base: torch.Tensor
+    scale: torch.Tensor
+
+
+@dataclass
+class Compressor:
+    w: Weight  # dense [d, D] (ratio 1) or [2d, D]: rows [0, d) kv, [d, 2d) gate
+    norm: torch.Tensor  # [d]
+    ratio: int
+
+
+@dataclass
+class Indexer:
+    q_b: Weight  # [nh * di, q_lora]
+    weights_proj: Weight  # [nh, D]
+    k_proj: Weight | None = None  # [di, d] (KV sources only)
+    k_norm: torch.Tensor | None = None
+
+
+@dataclass
+class Attention:
+    role: str
+    ratio: int
+    q_a: Weight
+    q_a_norm: torch.Tensor
+    q_b: Weight
+    kv_proj: Weight
+    kv_norm: torch.Tensor
+    o_a: Weight  # grouped, logical [G, o_lora_rank, H*d/G]
+    o_b: Weight
+    sinks: torch.Tensor  # float32 [H]
+    comp: Compressor | None = None
+    indexer: Indexer | None = None
+
+
+@dataclass
+class Moe:
+    gate: Weight  # float32 dense [E, D]
+    bias: torch.Tensor  # e_score_correction_bias float32 [E]
+    w13: Weight  # [E, 2I, D]
+    w2: Weight  # [E, D, I]
+    shared_gate: Weight | None
+    shared_up: Weight | None
+    shared_down: Weight | None
+
+
+@dataclass
+class EngramWeights:
+    wkv: Weight  # [(m + 1) D, n_cols * engram_head_dim]: m keys, then the shared value
+    q_weight: torch.Tensor  # float32 [m, D]
+    k_weight: torch.Tensor  # float32 [m, D]
+
+
+@dataclass
+class Block:
+    attn: Attention
+    ffn: Moe
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    hc_attn: HC
+    hc_ffn: HC
+    engram: EngramWeights | None = None
+
+
+# ------------------------------------------------------------------------------------ batch metadata
+@dataclass
+class _NewEntries:
+    """Compressed entries of one KV source completed in this step: N entries."""
+
+    src: torch.Tensor  # int64 [N, r]: state slots of the source tokens (r > 1) or [N] token rows (r = 1)
+    out_slots: torch.Tensor  # int64 [N] slots in the source's kv / idx groups
+    positions: torch.Tensor  # int64 [N] rope position = the group's first token
+
+
+class _Meta:
+    """Everything derived from a ForwardBatch once and shared by all layers (eager batches only)."""
+
+    def __init__(self, m: "DeepseekV41Model", b: ForwardBatch):
+        cfg, dev, P = m.cfg, b.input_ids.device, b.tokens_per_block
+        if P != m.tokens_per_block:
+            raise ValueError(f"batch tokens_per_block {P} != the {m.tokens_per_block} the caches were bound with")
+        if b.static_decode:
+            raise ValueError("DeepSeek-V4.1 runs eager batches only (supports_static_decode is False)")
+        self.batch, self.P = b, P
+        self.pos = b.positions.long()
+        self.qsl = b.query_start_loc
+        self.ctx = b.context_lens_cpu or b.context_lens.tolist()
+        self.sl = b.seq_lens_cpu or b.seq_lens.tolist()
+        qsl = b.query_start_loc_cpu or b.query_start_loc.tolist()
+        counts = torch.tensor([qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)], dtype=torch.int64)
+        self.tok_seq = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)
+        W = cfg.sliding_window
+        win_pos = self.pos[:, None] - (W - 1) + torch.arange(W, device=dev)[None]
+        self.win_idx = token_slots(b.block_tables["swa_kv"], self.tok_seq[:, None].expand_as(win_pos), win_pos,
+                                   P).int()
+        self.new: dict[int, _NewEntries] = {}
+        for src in cfg.kv_source_layer_ids:
+            r = cfg.ratio(src)
+            if r == 1:  # every new token is an entry
+                out = token_slots(b.block_tables[kv_group(src)], self.tok_seq, self.pos, P)
+                self.new[src] = _NewEntries(torch.arange(len(self.pos), device=dev), out, self.pos)
+                continue
+            seqs, ents = [], []
+            for s, (c, n) in enumerate(zip(self.ctx, self.sl)):
+                for e in range(c // r, n // r):
+                    seqs.append(s)
+                    ents.append(e)
+            seq = torch.tensor(seqs, dtype=torch.int64, device=dev)
+            ent = torch.tensor(ents, dtype=torch.int64, device=dev)
+            toks = ent[:, None] * r + torch.arange(r, device=dev)[None]
+            src_slots = token_slots(b.block_tables[state_group(src)], seq[:, None].expand_as(toks), toks, P)
+            out = token_slots(b.block_tables[kv_group(src)], seq, ent, P // r)
+            self.new[src] = _NewEntries(src_slots, out, ent * r)
+
+
+@dataclass
+class _Shared:
+    """What the layers of one forward hand on: the last index source's top-k (as slots of its
+    group's kv pool) and the candidate source's blocks."""
+
+    topk: torch.Tensor | None = None
+    candidates: torch.Tensor | None = None
+    extras: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------- model
+class DeepseekV41Model:
+    """Implements `shuili.core.model_api.Model` for DeepSeek-V4.1 checkpoints and random configs."""
+
+    supports_static_decode = False
+
+    def __init__(self, cfg: V41Config, ops: DispatchTable, params: dict, device: str = "cpu",
+                 dtype: str = "float32", max_model_len: int | None = None, tokenizer=None, engram=None):
+        self.cfg, self.ops, self.device, self.dtype_name = cfg, ops, device, dtype
+        self.dtype = getattr(torch, dtype)
+        self.vocab_size = cfg.vocab_size
+        self.max_model_len = min(max_model_len or 131072, cfg.max_position_embeddings)
+        # a 256-id random model (tiny-v41) keeps every byte: its specials share ids 0-2 with control bytes
+        self.tokenizer = tokenizer or ByteTokenizer(cfg.vocab_size, offset=0 if cfg.vocab_size < 259 else 3,
+                                                    bos_token_id=cfg.bos_token_id, eos_token_ids=cfg.eos_token_ids)
+        self.embed = params["model.embed_tokens.weight"]
+        self.head = _w(params["model.embed_tokens.weight"] if cfg.tie_word_embeddings else params["lm_head.weight"])
+        self.norm = params["model.norm.weight"]
+        self.blocks = [_block(cfg, params, i) for i in range(cfg.num_hidden_layers)]
+        # host-memory Engram tables, hashing and the per-step gather (core/models/engram.py)
+        if cfg.engram_layer_ids and engram is None:
+            raise ValueError(f"engram_layer_ids {list(cfg.engram_layer_ids)} need the Engram service (tables and "
+                             "token map): build the model with build() / load_checkpoint()")
+        self.engram = engram if cfg.engram_layer_ids else None
+        self.engram_lookback = self.engram.lookback if self.engram is not None else 0  # the runner reads it
+        n = self.max_model_len
+        self.rope = {False: tuple(t.to(device) for t in rope_tables(cfg, False, n)),
+                     True: tuple(t.to(device) for t in rope_tables(cfg, True, n))}
+        self.caches: dict[str, dict[int, torch.Tensor]] = {}
+        self.tokens_per_block = 0
+
+    # ---------------------------------------------------------------- Model protocol
+    def cache_groups(self) -> list[CacheGroupSpec]:
+        return cache_groups(self.cfg, self.dtype_name)
+
+    def bind_caches(self, caches: dict[str, list[torch.Tensor]], tokens_per_block: int) -> None:
+        for g in self.cache_groups():
+            if g.name not in caches:
+                raise ValueError(f"bind_caches: no tensors for cache group {g.name!r}")
+            ts = caches[g.name]
+            if len(ts) != len(g.layers):
+                raise ValueError(f"bind_caches: group {g.name} has {len(g.layers)} layers, got {len(ts)} tensors")
+            want = (tokens_per_block // g.ratio, *g.entry_shape)
+            for t in ts:
+                if tuple(t.shape[1:]) != want or t.dtype != getattr(torch, g.dtype):
+                    raise ValueError(f"bind_caches: group {g.name} wants [*, {', '.join(map(str, want))}] "
+                                     f"{g.dtype}, got {list(t.shape)} {t.dtype}")
+            self.caches[g.name] = dict(zip(g.layers, ts))
+        self.tokens_per_block = tokens_per_block
+
+    def apply_chat_template(self, prompt: str) -> str:
+        tok = self.tokenizer
+        if hasattr(tok, "token_to_id") and tok.token_to_id("<｜User｜>") is not None:
+            return f"<｜begin▁of▁sentence｜><｜User｜>{prompt}<｜Assistant｜></think>"
+        return prompt
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """float32 logits [len(logits_indices), vocab]."""
+        if not self.caches:
+            raise RuntimeError("bind_caches() must be called before forward()")
+        ops, cfg = self.ops, self.cfg
+        meta = _Meta(self, batch)
+        h = ops.embedding(batch.input_ids, self.embed)
+        m = cfg.hc_mult
+        x = h[:, None, :].expand(-1, m, -1).contiguous()  # [T, m, D] residual streams
+        pre = torch.zeros(x.shape[0], m, dtype=torch.float32, device=x.device)
+        pre[:, 0] = 1.0  # the first site reads stream 0
+        rows = self.engram.step(batch) if self.engram is not None else None  # gather starts now
+        shared = _Shared()
+        for i, blk in enumerate(self.blocks):
+            if blk.engram is not None:  # before the layer's first mHC site
+                kv = ops.linear(rows.get(i), blk.engram.wkv)
+                x = ops.engram_gate(x, kv, blk.engram.q_weight, blk.engram.k_weight, cfg.rms_norm_eps)
+            x, pre = self._block(blk, i, x, pre, meta, shared)
+        x = x[batch.logits_indices]
+        u = numerics.tree_sum(pre[batch.logits_indices][..., None] * x.float(), dim=1).to(self.dtype)
+        return ops.linear(ops.rms_norm(u, self.norm, cfg.rms_norm_eps), self.head).float()
+
+    def engram_prefetch(self, ids, history) -> None:
+        """The runner's hint: a prefill's next chunk (all ids known) can be gathered now."""
+        if self.engram is not None:
+            self.engram.prefetch(ids, history)
+
+    # ---------------------------------------------------------------- pieces
+    def _block(self, blk: Block, layer: int, x: torch.Tensor, pre: torch.Tensor, meta: _Meta, shared: _Shared):
+        ops, eps = self.ops, self.cfg.rms_norm_eps
+        pre_a, post, comb = self._hc(blk.hc_attn, x)
+        a = self._attention(blk.attn, layer, ops.rms_norm(self._collapse(x, pre), blk.attn_norm, eps), meta, shared)
+        x = self._expand(a, x, post, comb)
+        pre_f, post, comb = self._hc(blk.hc_ffn, x)
+        f = self._moe(blk.ffn, ops.rms_norm(self._collapse(x, pre_a), blk.ffn_norm, eps))
+        return self._expand(f, x, post, comb), pre_f
+
+    def _hc(self, hc: HC, x: torch.Tensor):
+        ops, cfg = self.ops, self.cfg
+        T, m, D = x.shape
+        flat = ops.rms_norm(x.reshape(T, m * D).float(), None, cfg.rms_norm_eps)
+        mix = ops.linear(flat, hc.fn).float()
+        return ops.hc_split_sinkhorn(mix, hc.scale, hc.base, m, cfg.hc_sinkhorn_iters, cfg.hc_eps)
+
+    @staticmethod
+    def _collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        return numerics.tree_sum(pre[..., None] * x.float(), dim=1).to(x.dtype)  # [T, D]
+
+    @staticmethod
+    def _expand(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+        # X'[k] = post[k] f + sum_j comb[j, k] X[j], summed in fixed j order
+        out = post[..., None] * f.float()[:, None, :]
+        xf = x.float()
+        for j in range(x.shape[1]):
+            out = out + comb[:, j, :, None] * xf[:, j, None, :]
+        return out.to(x.dtype)
+
+    def _moe(self, p: Moe, x: torch.Tensor) -> torch.Tensor:
+        ops, cfg = self.ops, self.cfg
+        logits = ops.linear(x.float(), p.gate).float()
+        if cfg.gate_temp != 1.0:
+            logits = logits / cfg.gate_temp
+        w, idx = ops.moe_route_topk(logits, p.bias, cfg.num_experts_per_tok, cfg.scoring_func,
+                                    cfg.norm_topk_prob, cfg.routed_scaling_factor)
+        y = ops.moe_experts(x, idx, w, p.w13, p.w2, cfg.swiglu_limit)
+        if p.shared_gate is not None:
+            gu = torch.cat([ops.linear(x, p.shared_gate), ops.linear(x, p.shared_up)], dim=-1)
+            y = y + ops.linear(ops.swiglu(gu, cfg.swiglu_limit), p.shared_down)
+        return y
+
+    def _fake_quant(self, rows: torch.Tensor, fmt: str) -> torch.Tensor:
+        """QAT: the values a `fmt` row stores (rows [N, D]); rows whose width the format cannot
+        block pass through, as in the reference."""
+        from shuili.hal.formats import kv_spec
+
+        if rows.shape[0] == 0 or rows.shape[-1] % kv_spec(fmt)[1]:
+            return rows
+        ops = self.ops
+        return ops.kv_dequantize(ops.kv_quantize(rows.float(), fmt), fmt, rows.shape[-1]).to(rows.dtype)
+
+    def _store(self, cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
+        """rows are already fake-quantized: packing them again is exact."""
+        if fmt != "none":
+            rows = self.ops.kv_quantize(rows.float(), fmt)
+        self.ops.cache_write(cache, slots, rows.to(cache.dtype))
+
+    def _attention(self, p: Attention, layer: int, x: torch.Tensor, meta: _Meta, shared: _Shared) -> torch.Tensor:
+        ops, cfg = self.ops, self.cfg
+        T, H, d, r = x.shape[0], cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim
+        cos, sin = self.rope[p.ratio > 0]
+        pos = meta.pos
+        qr = ops.rms_norm(ops.linear(x, p.q_a), p.q_a_norm, cfg.rms_norm_eps)
+        q = ops.rope(ops.linear(qr, p.q_b).view(T, H, d), pos, cos, sin, r)
+        kv = ops.rms_norm(ops.linear(x, p.kv_proj), p.kv_norm, cfg.rms_norm_eps).view(T, 1, d)
+        kv = self._fake_quant(ops.rope(kv, pos, cos, sin, r).reshape(T, d), "mxfp8")
+        win = self.caches["swa_kv"][layer]
+        self._store(win, meta.batch.slot_mapping["swa_kv"], kv, cfg.window_kv_format)
+        kvs, idxs, fmts = [win], [meta.win_idx], [cfg.window_kv_format]
+        if p.ratio > 0:
+            src = cfg.kv_source_of(layer)
+            if p.role == "full":
+                self._compress(p.comp, p.indexer, src, x, meta)
+            if p.role in ("full", "reindex"):
+                self._index(p.indexer, layer, src, x, qr, meta, shared)
+            if shared.topk is not None and shared.topk.shape[1]:
+                kvs.append(self.caches[kv_group(src)][src])
+                idxs.append(shared.topk)
+                fmts.append(cfg.compressed_kv_format)
+        o = ops.sparse_attention(q, kvs, idxs, d ** -0.5, p.sinks, fmts)
+        o = ops.rope(o, pos, cos, sin, r, inverse=True)
+        G = cfg.o_groups
+        og = o.reshape(T, G, H * d // G).transpose(0, 1).reshape(G * T, H * d // G)
+        sizes = torch.full((G,), T, dtype=torch.int64, device=x.device)
+        oa = ops.grouped_linear(og, p.o_a, sizes).view(G, T, -1).transpose(0, 1).reshape(T, -1)
+        return ops.linear(oa, p.o_b)
+
+    def _compress(self, c: Compressor, ix: Indexer, src: int, x: torch.Tensor, meta: _Meta) -> None:
+        """Pool the entries source `src` completes this step; publish their indexer keys (from the
+        pre-RoPE latent) and their rotated, FP4-rounded latents to the group's pools."""
+        ops, cfg = self.ops, self.cfg
+        d, new = cfg.head_dim, meta.new[src]
+        if c.ratio == 1:
+            latent = ops.linear(x, c.w)
+        else:
+            proj = ops.linear(x.float(), c.w).float()  # [T, 2d]: kv | gate, float32 as the reference
+            state = self.caches[state_group(src)][src]
+            self.ops.cache_write(state, meta.batch.slot_mapping[state_group(src)], proj)
+            if new.out_slots.numel() == 0:
+                return
+            rows = state.view(-1, 2 * d)[new.src.clamp(min=0)]  # [N, r, 2d]
+            kv, gate = rows[..., :d], rows[..., d:]
+            # per-channel softmax over the group's tokens, in float32 from `hal.numerics`
+            pw = numerics.softmax_last(gate.transpose(1, 2)).transpose(1, 2)
+            latent = numerics.tree_sum(kv * pw, dim=1).to(self.dtype)  # [N, d]
+        if new.out_slots.numel() == 0:
+            return
+        latent = ops.rms_norm(latent, c.norm, cfg.rms_norm_eps)
+        cos, sin = self.rope[True]
+        rr = cfg.qk_rope_head_dim
+        k = ops.rms_norm(ops.linear(latent, ix.k_proj), ix.k_norm, cfg.rms_norm_eps).unsqueeze(1)
+        k = self._fake_quant(ops.rope(k, new.positions, cos, sin, rr).squeeze(1), "mxfp4")
+        self._store(self.caches[idx_group(src)][src], new.out_slots, k, cfg.indexer_k_format)
+        main = ops.rope(latent.unsqueeze(1), new.positions, cos, sin, rr).squeeze(1)
+        main = self._fake_quant(main, "fp4_e4m3")
+        self._store(self.caches[kv_group(src)][src], new.out_slots, main, cfg.compressed_kv_format)
+
+    def _index(self, ix: Indexer, layer: int, src: int, x: torch.Tensor, qr: torch.Tensor, meta: _Meta,
+               shared: _Shared) -> None:
+        ops, cfg = self.ops, self.cfg
+        T, nh, di = x.shape[0], cfg.index_n_heads, cfg.index_head_dim
+        cos, sin = self.rope[True]
+        q = ops.rope(ops.linear(qr, ix.q_b).view(T, nh, di), meta.pos, cos, sin, cfg.qk_rope_head_dim)
+        q = self._fake_quant(q.reshape(T * nh, di), "mxfp4").view(T, nh, di)
+        w = ops.linear(x, ix.weights_proj).float() * (nh ** -0.5 * di ** -0.5)
+        cand_src = cfg.candidate_source_layer_id
+        is_cand = layer == cand_src
+        pool = shared.candidates if 0 <= cand_src < layer else None
+        ratio = cfg.ratio(src)
+        ids, cand = ops.indexer_select(q, w, self.caches[idx_group(src)][src], meta.batch.block_tables[idx_group(src)],
+                                       meta.qsl, meta.pos, ratio, cfg.index_topk, cfg.indexer_k_format,
+                                       pool, cfg.candidate_topk_blocks if is_cand else 0, cfg.candidate_block_size)
+        if is_cand:
+            shared.candidates = cand
+        ids = ids.long()
+        slots = token_slots(meta.batch.block_tables[kv_group(src)], meta.tok_seq[:, None].expand_as(ids), ids,
+                            meta.P // ratio)
+        shared.topk = torch.where(ids >= 0, slots, torch.full_like(slots, -1)).int()
+
+    # ---------------------------------------------------------------- convenience
+    def driver(self, max_seqs: int = 1, max_len: int | None = None, tokens_per_block: int | None = None,
+               device: str | None = None) -> CacheDriver:
+        """Allocate caches with contiguous block tables and bind them (tests, benchmarks, no engine)."""
+        return CacheDriver(self, max_seqs, max_len or self.max_model_len, tokens_per_block, device)
+
+
+def _w(t) -> Weight:
+    return t if isinstance(t, Weight) else Weight.dense(t)
+
+
+def _hc(params: dict, p: str) -> HC:
+    return HC(_w(params[p + "fn"]), params[p + "base"], params[p + "scale"])
+
+
+def _block(cfg: V41Config, params: dict, i: int) -> Block:
+    p = f"model.layers.{i}."
+    a = p + "self_attn."
+    role, ratio = cfg.role(i), cfg.ratio(i)
+    attn = Attention(role, ratio, params[a + "q_a_proj.weight"], params[a + "q_a_norm.weight"],
+                     params[a + "q_b_proj.weight"], params[a + "kv_proj.weight"], params[a + "kv_norm.weight"],
+                     params[a + "o_a_proj.weight"], params[a + "o_b_proj.weight"], params[a + "sinks"])
+    if role == "full":
+        c = a + "compressor."
+        w = _w(params[c + "kv_proj.weight"]).data
+        if ratio > 1:
+            w = torch.cat([w, _w(params[c + "gate_proj.weight"]).data], dim=0)
+        attn.comp = Compressor(Weight.dense(w), params[c + "kv_norm.weight"], ratio)
+    if role in ("full", "reindex"):
+        x = a + "indexer."
+        attn.indexer = Indexer(params[x + "q_b_proj.weight"], _w(params[x + "weights_proj.weight"]),
+                               _w(params[x + "k_proj.weight"]) if role == "full" else None,
+                               params[x + "k_norm.weight"] if role == "full" else None)
+    f = p + "mlp."
+    sh = cfg.n_shared_experts > 0
+    ffn = Moe(_w(params[f + "gate.weight"]), params[f + "gate.e_score_correction_bias"],
+              params[f + "experts.gate_up_proj"], params[f + "experts.down_proj"],
+              params[f + "shared_experts.gate_proj.weight"] if sh else None,
+              params[f + "shared_experts.up_proj.weight"] if sh else None,
+              params[f + "shared_experts.down_proj.weight"] if sh else None)
+    eng = None
+    if i in cfg.engram_layer_ids:
+        e = p + "engram."
+        eng = EngramWeights(_w(params[e + "wkv.weight"]), params[e + "q_weight"], params[e + "k_weight"])
+    return Block(attn, ffn, params[p + "input_layernorm.weight"], params[p + "post_attention_layernorm.weight"],
+                 _hc(params, p + "attn_hc."), _hc(params, p + "ffn_hc."), eng)
+
+
+# --------------------------------------------------------------------------------------- entry points
+def build(name: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32", seed: int = 0,
+          max_model_len: int | None = None, **overrides) -> DeepseekV41Model:
+    """A named config (tiny-v41, mid-v41) with seeded random weights generated on `device`."""
+    from shuili.core.models.deepseek_v41_loader import random_engram, random_params
+
+    cfg = named(name, **overrides)
+    params = random_params(cfg, device=device, dtype=dtype, seed=seed)
+    engram = random_engram(cfg, ops, device=device, dtype=dtype, seed=seed)
+    return DeepseekV41Model(cfg, ops, params, device=device, dtype=dtype, max_model_len=max_model_len,
+                            engram=engram)
+
+
+def load_checkpoint(path: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32",
+                    max_model_len: int | None = None, progress: bool = True, **overrides) -> DeepseekV41Model:
+    """A directory of config.json + safetensors (released or transformers tensor names)."""
+    from shuili.core.models.deepseek_v41_loader import load_engram, load_params, read_config
+    from shuili.core.models.tokenizer import load_tokenizer
+
+    cfg = read_config(path, **overrides)
+    params = load_params(path, cfg, device=device, dtype=dtype, progress=progress)
+    import os
+
+    # without tokenizer.json the model's byte tokenizer (which also fits a 256-id vocabulary)
+    tok = (load_tokenizer(path, cfg.vocab_size, cfg.eos_token_ids, cfg.bos_token_id)
+           if os.path.isfile(os.path.join(path, "tokenizer.json")) else None)
+    engram = load_engram(path, cfg, tok, ops, device=device, dtype=dtype)
+    return DeepseekV41Model(cfg, ops, params, device=device, dtype=dtype, max_model_len=max_model_len,
+                            tokenizer=tok, engram=engram)

@@ -1,0 +1,448 @@
+"""DeepSeek-V4.1 weights: the tensor schema (transformers' module names), the released-name table,
+seeded random init, and safetensors loading.
+
+Two namings are read, each through an explicit table (a tensor in neither is an error):
+  transformers  what `DeepseekV41ForCausalLM.save_pretrained` writes (model.layers.{i}.self_attn.q_a_proj...)
+  released      the DeepSeek checkpoint (layers.{i}.attn.wq_a..., per-expert experts.{j}.w1/w2/w3)
+Storage (v4_arch.md §4.5): float tensors, FP8 e4m3 linears with one e8m0 scale per 32x32 block
+(`scale` / `weight_scale_inv`), routed experts MXFP4 (int8 nibbles [N, K/2] + e8m0 [N, K/32]).
+FP8 32x32 weights are decoded to the compute dtype at load (exact: e4m3 times a power of two).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+from shuili.core.models.deepseek_v41_config import V41Config
+from shuili.hal import numerics
+from shuili.hal.types import Weight
+
+
+@dataclass(frozen=True)
+class Spec:
+    shape: tuple[int, ...]
+    kind: str  # linear | dense | f32 | grouped | experts
+
+
+def schema(cfg: V41Config) -> dict[str, Spec]:
+    """Every backbone tensor under its transformers name (Engram tables excluded: host memory)."""
+    D, H, d, q = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.q_lora_rank
+    m, E, I = cfg.hc_mult, cfg.n_routed_experts, cfg.moe_intermediate_size
+    nh, di = cfg.index_n_heads, cfg.index_head_dim
+    s: dict[str, Spec] = {"model.embed_tokens.weight": Spec((cfg.vocab_size, D), "dense"),
+                          "model.norm.weight": Spec((D,), "f32")}
+    if not cfg.tie_word_embeddings:
+        s["lm_head.weight"] = Spec((cfg.vocab_size, D), "dense")
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        s[a + "q_a_proj.weight"] = Spec((q, D), "linear")
+        s[a + "q_a_norm.weight"] = Spec((q,), "f32")
+        s[a + "q_b_proj.weight"] = Spec((H * d, q), "linear")
+        s[a + "kv_proj.weight"] = Spec((d, D), "linear")
+        s[a + "kv_norm.weight"] = Spec((d,), "f32")
+        s[a + "o_a_proj.weight"] = Spec((cfg.o_groups * cfg.o_lora_rank, H * d // cfg.o_groups), "grouped")
+        s[a + "o_b_proj.weight"] = Spec((D, cfg.o_groups * cfg.o_lora_rank), "linear")
+        s[a + "sinks"] = Spec((H,), "f32")
+        role = cfg.role(i)
+        if role == "full":
+            s[a + "compressor.kv_proj.weight"] = Spec((d, D), "dense")
+            if cfg.ratio(i) > 1:
+                s[a + "compressor.gate_proj.weight"] = Spec((d, D), "dense")
+            s[a + "compressor.kv_norm.weight"] = Spec((d,), "f32")
+            s[a + "indexer.k_proj.weight"] = Spec((di, d), "dense")
+            s[a + "indexer.k_norm.weight"] = Spec((di,), "f32")
+        if role in ("full", "reindex"):
+            s[a + "indexer.q_b_proj.weight"] = Spec((nh * di, q), "linear")
+            s[a + "indexer.weights_proj.weight"] = Spec((nh, D), "dense")
+        for site in ("attn_hc", "ffn_hc"):
+            s[f"{p}{site}.fn"] = Spec((m * (m + 2), m * D), "f32")
+            s[f"{p}{site}.base"] = Spec((m * (m + 2),), "f32")
+            s[f"{p}{site}.scale"] = Spec((3,), "f32")
+        s[p + "input_layernorm.weight"] = Spec((D,), "f32")
+        s[p + "post_attention_layernorm.weight"] = Spec((D,), "f32")
+        f = p + "mlp."
+        s[f + "gate.weight"] = Spec((E, D), "f32")
+        s[f + "gate.e_score_correction_bias"] = Spec((E,), "f32")
+        s[f + "experts.gate_up_proj"] = Spec((E, 2 * I, D), "experts")
+        s[f + "experts.down_proj"] = Spec((E, D, I), "experts")
+        if cfg.n_shared_experts:
+            s[f + "shared_experts.gate_proj.weight"] = Spec((I, D), "linear")
+            s[f + "shared_experts.up_proj.weight"] = Spec((I, D), "linear")
+            s[f + "shared_experts.down_proj.weight"] = Spec((D, I), "linear")
+        if i in cfg.engram_layer_ids:
+            e = p + "engram."
+            s[e + "wkv.weight"] = Spec(((m + 1) * D, cfg.n_engram_cols * cfg.engram_head_dim), "linear")
+            s[e + "q_weight"] = Spec((m, D), "f32")
+            s[e + "k_weight"] = Spec((m, D), "f32")
+    return s
+
+
+# transformers name (with {i}) -> released name; the experts and tables are handled apart
+_RELEASED = {
+    "model.embed_tokens.weight": "embed.weight",
+    "lm_head.weight": "head.weight",
+    "model.norm.weight": "norm.weight",
+    "model.layers.{i}.self_attn.q_a_proj.weight": "layers.{i}.attn.wq_a.weight",
+    "model.layers.{i}.self_attn.q_a_norm.weight": "layers.{i}.attn.q_norm.weight",
+    "model.layers.{i}.self_attn.q_b_proj.weight": "layers.{i}.attn.wq_b.weight",
+    "model.layers.{i}.self_attn.kv_proj.weight": "layers.{i}.attn.wkv.weight",
+    "model.layers.{i}.self_attn.kv_norm.weight": "layers.{i}.attn.kv_norm.weight",
+    "model.layers.{i}.self_attn.o_a_proj.weight": "layers.{i}.attn.wo_a.weight",
+    "model.layers.{i}.self_attn.o_b_proj.weight": "layers.{i}.attn.wo_b.weight",
+    "model.layers.{i}.self_attn.sinks": "layers.{i}.attn.attn_sink",
+    "model.layers.{i}.self_attn.compressor.kv_proj.weight": "layers.{i}.attn.compressor.wkv.weight",
+    "model.layers.{i}.self_attn.compressor.gate_proj.weight": "layers.{i}.attn.compressor.wgate.weight",
+    "model.layers.{i}.self_attn.compressor.kv_norm.weight": "layers.{i}.attn.compressor.norm.weight",
+    "model.layers.{i}.self_attn.indexer.k_proj.weight": "layers.{i}.attn.indexer.wk.weight",
+    "model.layers.{i}.self_attn.indexer.k_norm.weight": "layers.{i}.attn.indexer.k_norm.weight",
+    "model.layers.{i}.self_attn.indexer.q_b_proj.weight": "layers.{i}.attn.indexer.wq_b.weight",
+    "model.layers.{i}.self_attn.indexer.weights_proj.weight": "layers.{i}.attn.indexer.weights_proj.weight",
+    "model.layers.{i}.attn_hc.fn": "layers.{i}.hc_attn_fn",
+    "model.layers.{i}.attn_hc.base": "layers.{i}.hc_attn_base",
+    "model.layers.{i}.attn_hc.scale": "layers.{i}.hc_attn_scale",
+    "model.layers.{i}.ffn_hc.fn": "layers.{i}.hc_ffn_fn",
+    "model.layers.{i}.ffn_hc.base": "layers.{i}.hc_ffn_base",
+    "model.layers.{i}.ffn_hc.scale": "layers.{i}.hc_ffn_scale",
+    "model.layers.{i}.input_layernorm.weight": "layers.{i}.attn_norm.weight",
+    "model.layers.{i}.post_attention_layernorm.weight": "layers.{i}.ffn_norm.weight",
+    "model.layers.{i}.mlp.gate.weight": "layers.{i}.ffn.gate.weight",
+    "model.layers.{i}.mlp.gate.e_score_correction_bias": "layers.{i}.ffn.gate.bias",
+    "model.layers.{i}.mlp.shared_experts.gate_proj.weight": "layers.{i}.ffn.shared_experts.w1.weight",
+    "model.layers.{i}.mlp.shared_experts.up_proj.weight": "layers.{i}.ffn.shared_experts.w3.weight",
+    "model.layers.{i}.mlp.shared_experts.down_proj.weight": "layers.{i}.ffn.shared_experts.w2.weight",
+    "model.layers.{i}.engram.wkv.weight": "layers.{i}.engram.wkv.weight",
+    "model.layers.{i}.engram.q_weight": "layers.{i}.engram.q_weight",
+    "model.layers.{i}.engram.k_weight": "layers.{i}.engram.k_weight",
+}
+# present in checkpoints, not used by the text backbone: VL router bias, DSpark, vision, Engram tables
+_IGNORED_HF = re.compile(r"(^|\.)(mtp|vision|aligner)\.|^model\.(image_(start|end|newline)$|engram_tables\.)"
+                         r"|\.mlp\.gate\.e_score_correction_bias_vl$")
+_IGNORED_REL = re.compile(r"^(mtp|vision|aligner)\.|^image_(start|end|newline)$|^engram_tables?\."
+                          r"|\.ffn\.gate\.bias_vl$|\.engram\.(table|emb)")
+
+
+def released_name(hf: str) -> str | None:
+    """The released name of a transformers tensor name (None for the stacked experts)."""
+    m = re.match(r"model\.layers\.(\d+)\.(.*)", hf)
+    key = f"model.layers.{{i}}.{m.group(2)}" if m else hf
+    rel = _RELEASED.get(key)
+    return rel.replace("{i}", m.group(1)) if (rel and m) else rel
+
+
+def _released_table(cfg: V41Config) -> dict[str, str]:
+    """released name -> transformers name, every non-expert tensor of the schema."""
+    out = {}
+    for name, sp in schema(cfg).items():
+        if sp.kind != "experts":
+            rel = released_name(name)
+            if rel is None:
+                raise AssertionError(f"no released name for {name}")
+            out[rel] = name
+    return out
+
+
+# ----------------------------------------------------------------------------------- random weights
+def random_params(cfg: V41Config, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> dict:
+    """Seeded random weights in schema order (one CPU RNG stream through `numerics.normal`, so a seed
+    is the same model on every device and host). What a default init leaves trivial is randomised
+    too: sinks, router bias, mHC bases."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dt, std = getattr(torch, dtype), cfg.initializer_range
+    out: dict = {}
+    for name, sp in schema(cfg).items():
+        if name.endswith(("norm.weight", ".scale", "q_weight", "k_weight")):
+            t = torch.ones(sp.shape, dtype=torch.float32)
+        elif name.endswith(".base"):
+            t = numerics.normal(sp.shape, g, 0.0, 0.5)
+        elif name.endswith("sinks"):
+            t = numerics.normal(sp.shape, g, 0.0, 1.0)
+        elif name.endswith("e_score_correction_bias"):
+            t = numerics.normal(sp.shape, g, 0.0, 0.05)
+        else:
+            t = numerics.normal(sp.shape, g, 0.0, std)
+        out[name] = _as_param(t, sp, cfg, dt).to(device)
+    return out
+
+
+def _as_param(t: torch.Tensor, sp: Spec, cfg: V41Config, dt: torch.dtype):
+    if sp.kind == "f32":
+        return t.float()
+    if sp.kind == "dense":
+        return t.to(dt)
+    if sp.kind == "grouped":
+        return Weight.dense(t.to(dt).reshape(cfg.o_groups, cfg.o_lora_rank, -1))
+    return Weight.dense(t.to(dt))
+
+
+def random_engram(cfg: V41Config, ops, device: str = "cpu", dtype: str = "float32", seed: int = 0):
+    """The Engram service of a random-weight model: seeded float32 tables held in host memory
+    (numpy, never a torch tensor on the device) and the identity compressed-token map (a byte
+    tokenizer has nothing to merge). None without Engram layers."""
+    if not cfg.engram_layer_ids:
+        return None
+    import numpy as np
+
+    from shuili.core.models.engram import Engram, EngramTable
+    from shuili.core.models.engram_hash import EngramSpec
+
+    spec = EngramSpec.from_config(cfg)
+    g = torch.Generator(device="cpu").manual_seed(seed + 7919)
+    tables = {}
+    for lid, n in zip(cfg.engram_layer_ids, cfg.engram_num_embeddings):
+        what = f"random Engram table of layer {lid}"
+        if n * cfg.engram_head_dim <= 1 << 22:  # small: float32 normal rows
+            rows = numerics.normal((n, cfg.engram_head_dim), g, 0.0, 1.0).numpy()
+            tables[lid] = EngramTable(np.ascontiguousarray(rows).view(np.uint8), None, "float32",
+                                      cfg.engram_head_dim, what)
+            continue
+        # large (mid-v41): fp8 rows as the release stores them, random e4m3 bytes without NaN codes
+        # (0x7F / 0xFF) and one scale 2^-4 per 32, from numpy's PCG64 (the same bytes on every host)
+        rng = np.random.default_rng(seed * 1000 + lid)
+        data = rng.integers(0, 256, size=(n, cfg.engram_head_dim), dtype=np.uint8)
+        data[(data & 0x7F) == 0x7F] ^= 0x01
+        scale = np.full((n, cfg.engram_head_dim // 32), 127 - 4, dtype=np.uint8)
+        tables[lid] = EngramTable(data, scale, "mxfp8", cfg.engram_head_dim, what)
+    token_map = list(range(cfg.vocab_size))
+    if cfg.engram_compressed_vocab_size != cfg.vocab_size:
+        raise ValueError(f"a random-weight Engram model uses the identity token map: set "
+                         f"engram_compressed_vocab_size = vocab_size ({cfg.vocab_size})")
+    return Engram(spec, token_map, tables, ops, device=device, dtype=getattr(torch, dtype))
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+from shuili.core.models.safetensors_index import Checkpoint, CheckpointError  # noqa: E402
+
+
+# Engram table tensor names: (data, scale) per naming; the tables are mapped, never loaded
+_ENGRAM_NAMES = {"transformers": ("model.engram_tables.{L}.weight", "model.engram_tables.{L}.weight_scale_inv"),
+                 "released": ("layers.{L}.engram.embed.weight", "layers.{L}.engram.embed.scale")}
+
+
+def load_engram(path: str, cfg: V41Config, tokenizer, ops, device: str = "cpu", dtype: str = "float32"):
+    """The Engram service of a checkpoint: each table memory-mapped from its safetensors shard (found
+    through the index), the compressed-token map built from the checkpoint's tokenizer."""
+    if not cfg.engram_layer_ids:
+        return None
+    from shuili.core.models.engram import Engram, EngramTable
+    from shuili.core.models.engram_hash import EngramSpec, build_compressed_token_map
+
+    ckpt = Checkpoint(path)
+    where = ckpt.where
+    tables = {}
+    for lid in cfg.engram_layer_ids:
+        for naming, (wn, sn) in _ENGRAM_NAMES.items():
+            w, s = wn.format(L=lid), sn.format(L=lid)
+            if w in where:
+                break
+        else:
+            raise CheckpointError(f"checkpoint has no Engram table for layer {lid}: expected "
+                                  f"{_ENGRAM_NAMES['transformers'][0].format(L=lid)!r} or "
+                                  f"{_ENGRAM_NAMES['released'][0].format(L=lid)!r}")
+        try:
+            tables[lid] = EngramTable.from_safetensors(os.path.join(path, where[w]), w, s if s in where else None)
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(str(exc)) from None
+        if s in where and where[s] != where[w]:
+            raise CheckpointError(f"Engram table {w!r} and its scale {s!r} sit in different shards; "
+                                  "the mapped reader needs them in one file")
+    if not hasattr(tokenizer, "_tok"):
+        raise CheckpointError(f"{path}: the Engram hash needs the checkpoint's tokenizer.json (the compressed "
+                              "token map is derived from it)")
+    token_map, size = build_compressed_token_map(tokenizer)
+    if size != cfg.engram_compressed_vocab_size:
+        raise CheckpointError(f"{path}: the tokenizer gives {size} compressed ids but engram_compressed_vocab_size "
+                              f"is {cfg.engram_compressed_vocab_size}: the tokenizer is not the checkpoint's")
+    return Engram(EngramSpec.from_config(cfg), token_map, tables, ops, device=device, dtype=getattr(torch, dtype))
+
+
+def read_config(path: str, **overrides) -> V41Config:
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"{path!r} has no config.json")
+    from shuili.core.errors import read_json
+
+    raw = read_json(cfg_path)
+    try:
+        return V41Config.from_hf(raw, **overrides)
+    except ValueError as exc:
+        raise CheckpointError(f"{cfg_path}: {exc}") from None
+
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple) -> None:
+    if t.dtype not in dtypes:
+        raise CheckpointError(f"tensor {name!r} has dtype {str(t.dtype).replace('torch.', '')}, expected one of "
+                              f"{[str(x).replace('torch.', '') for x in dtypes]}")
+    if tuple(t.shape) != tuple(shape):
+        raise CheckpointError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
+
+
+def _dequant_fp8(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    from shuili.core.models.deepseek_v4_loader import _e8m0_to_f32
+
+    sf = _e8m0_to_f32(s)
+    full = sf.repeat_interleave(block[0], 0)[: w.shape[0]].repeat_interleave(block[1], 1)[:, : w.shape[1]]
+    return w.float() * full
+
+
+def load_params(path: str, cfg: V41Config, device: str = "cpu", dtype: str = "float32",
+                progress: bool = True) -> dict:
+    """Every tensor of `schema(cfg)`, read by the transformers name or the released one (decided by
+    the checkpoint's names); a tensor the backbone does not know is an error naming it."""
+    from tqdm import tqdm
+
+    ckpt = Checkpoint(path)  # honours model.safetensors.index.json
+    where = ckpt.where
+    dt = getattr(torch, dtype)
+    sch = schema(cfg)
+    hf = any(k.startswith("model.layers.") or k == "model.embed_tokens.weight" for k in where)
+    if hf:
+        table = {n: n for n in sch if sch[n].kind != "experts"}
+        ignore = _IGNORED_HF
+    else:
+        table = _released_table(cfg)
+        ignore = _IGNORED_REL
+    inv = {v: k for k, v in table.items()}
+    block = tuple(cfg.quantization.weight_block_size) if cfg.quantization else (32, 32)
+    known = set(table)
+    expert_re = (re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$") if hf else
+                 re.compile(r"layers\.(\d+)\.ffn\.experts\.(\d+)\.(w[123])\.(weight|scale)$"))
+    scale_re = re.compile(r"\.(scale|weight_scale_inv)$")
+    for k in where:
+        if k in known or ignore.search(k) or expert_re.match(k):
+            continue
+        if scale_re.search(k) and (re.sub(r"\.(scale|weight_scale_inv)$", ".weight", k) in known):
+            continue
+        raise CheckpointError(f"tensor {k!r} is neither a {'transformers' if hf else 'released'} "
+                              f"DeepSeek-V4.1 tensor name of this config ({cfg.num_hidden_layers} layers) nor "
+                              "a known ignored one: the checkpoint does not match its config.json")
+
+    def get(name: str) -> torch.Tensor:
+        return ckpt.get(name)
+
+    def scale_of(name: str) -> torch.Tensor:
+        base = name[: -len("weight")]
+        for s in ("scale", "weight_scale_inv"):
+            if base + s in where:
+                return get(base + s)
+        raise CheckpointError(f"tensor {name!r} is float8_e4m3fn but the checkpoint has no {base}scale "
+                              f"(or {base}weight_scale_inv) for its {block[0]}x{block[1]} blocks")
+
+    def linear(name: str, shape) -> torch.Tensor:
+        w = get(name)
+        if w.dtype == torch.float8_e4m3fn:
+            _check(name, w, shape, (torch.float8_e4m3fn,))
+            s = scale_of(name)
+            want = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
+            _check(name[: -len("weight")] + "scale", s, want, (torch.float8_e8m0fnu, torch.uint8, torch.float32))
+            return _dequant_fp8(w, s, block).to(dt)
+        _check(name, w, shape, _FLOATS + (torch.float8_e4m3fn,))
+        return w.to(dt)
+
+    out: dict = {}
+    for name, sp in tqdm(sch.items(), desc="loading deepseek_v41", disable=not progress, unit="tensor"):
+        if sp.kind == "experts":
+            out[name] = _experts(name, sp, cfg, hf, get, where, dt, device)
+            continue
+        src = inv[name]
+        if sp.kind in ("linear", "grouped"):
+            t = linear(src, sp.shape)
+        else:
+            t = get(src)
+            _check(src, t, sp.shape, _FLOATS)
+        out[name] = _as_param(t.to(device), sp, cfg, torch.float32 if sp.kind == "f32" else dt)
+    return out
+
+
+def _experts(name: str, sp: Spec, cfg: V41Config, hf: bool, get, where, dt, device) -> Weight:
+    """gate_up_proj [E, 2I, D] / down_proj [E, D, I]: stacked as stored (float) or from the released
+    per-expert w1/w3 (gate rows, then up rows) or w2, float or MXFP4."""
+    if hf:
+        t = get(name)
+        _check(name, t, sp.shape, _FLOATS)
+        return Weight.dense(t.to(device=device, dtype=dt))
+    from shuili.core.models.deepseek_v4_loader import _load_expert
+
+    class _Rd:
+        def get(self, n):
+            return get(n)
+
+    layer = int(name.split(".")[2])
+    E, I, D = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    up = name.endswith("gate_up_proj")
+    parts, shape = (("w1", "w3"), (I, D)) if up else (("w2",), (D, I))
+    datas, scales, fmt = [], [], None
+    for j in range(E):
+        ds, ss = [], []
+        for wn in parts:
+            n = f"layers.{layer}.ffn.experts.{j}.{wn}.weight"
+            f, w, s = _load_expert(_Rd(), n, shape)
+            if f == "fp8_block128":
+                raise CheckpointError(f"tensor {n!r}: FP8 experts of V4.1 use {cfg.quantization.weight_block_size if cfg.quantization else '?'} "
+                                      "blocks, which this loader reads only for non-expert linears")
+            if fmt is None:
+                fmt = f
+            elif f != fmt:
+                raise CheckpointError(f"tensor {n!r} is {f} but earlier experts of this layer are {fmt}")
+            ds.append(w.to(device) if f != "dense" else w.to(device=device, dtype=dt))
+            ss.append(s.to(device) if s is not None else None)
+        datas.append(torch.cat(ds, 0) if len(ds) > 1 else ds[0])
+        if fmt != "dense":
+            scales.append(torch.cat(ss, 0) if len(ss) > 1 else ss[0])
+    return Weight(fmt, torch.stack(datas), torch.stack(scales) if scales else None, sp.shape)
+
+
+# ---------------------------------------------------------------------------------- checkpoint writer
+def tensors_for(cfg: V41Config, params: dict, naming: str = "transformers") -> dict[str, torch.Tensor]:
+    """Float tensors of assembled params under `naming` ("transformers" or "released")."""
+    out: dict[str, torch.Tensor] = {}
+    E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
+    for name, v in params.items():
+        t = v.data if isinstance(v, Weight) else v
+        if isinstance(v, Weight) and v.format != "dense":
+            raise ValueError(f"tensors_for writes float weights only; {name} is {v.format}")
+        if name.endswith("o_a_proj.weight"):
+            t = t.reshape(-1, t.shape[-1])
+        if naming == "transformers":
+            out[name] = t.contiguous()
+            continue
+        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            layer = name.split(".")[2]
+            for j in range(E):
+                p = f"layers.{layer}.ffn.experts.{j}."
+                if name.endswith("gate_up_proj"):
+                    out[p + "w1.weight"] = t[j, :I].contiguous()
+                    out[p + "w3.weight"] = t[j, I:].contiguous()
+                else:
+                    out[p + "w2.weight"] = t[j].contiguous()
+            continue
+        out[released_name(name)] = t.contiguous()
+    return out
+
+
+def save_checkpoint(path: str, cfg: V41Config, tensors: dict[str, torch.Tensor], shards: int = 1,
+                    nested: bool = True) -> None:
+    """config.json (nested deepseek_v41 or flat deepseek_v41_text) + safetensors shards + the index."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg.to_hf(nested=nested), f, indent=1)
+    names = list(tensors)
+    per = -(-len(names) // shards)
+    index = {}
+    for k in range(shards):
+        fname = "model.safetensors" if shards == 1 else f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        chunk = {n: tensors[n].cpu() for n in names[k * per:(k + 1) * per]}
+        index.update({n: fname for n in chunk})
+        save_file(chunk, os.path.join(path, fname))
+    if shards > 1:
+        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": index}, f, indent=1)
