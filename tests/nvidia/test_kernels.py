@@ -454,3 +454,27 @@ def test_log_softmax_and_sample(device):
                presence=torch.full((b,), 0.3), frequency=torch.full((b,), 0.1))
     got = sampling.apply_penalties(**{k: t.to(device) for k, t in pen.items()})
     assert rel(got, REF["apply_penalties"](**pen)) < 1e-7
+
+
+def test_sample_wide_vocab_chunks(device):
+    """Vocabularies over several CHUNKs: the chunked stats and the one-pass (no filter) sampler
+    give the reference's tokens, and a row's token is the same on the filtering path with a
+    filter that keeps everything (the two paths form lp with the same bits)."""
+    b, v = 5, 2 * sampling.CHUNK + 77
+    lg = rnd(b, v, seed=95, std=4.0)
+    lg[1, sampling.CHUNK + 3] = 40.0  # a clear winner in the second chunk
+    lg[2] = 0.0  # every id ties on the logits: the noise alone decides
+    assert rel(sampling.log_softmax(lg.to(device)), REF["log_softmax"](lg)) < 1e-6
+    args = dict(logits=lg, temperature=torch.tensor([0.8, 1.0, 1.0, 0.0, 1.7]),
+                top_k=torch.zeros(b, dtype=torch.int32), top_p=torch.ones(b), min_p=torch.zeros(b),
+                seeds=torch.arange(b) * 104729 + 11, positions=torch.arange(b) + 7)
+    want = REF["sample"](**args)
+    fast = sampling.sample(**{k: t.to(device) for k, t in args.items()}, all_greedy=False, any_filter=False)
+    assert torch.equal(fast.cpu(), want)
+    keep_all = dict(args, top_k=torch.full((b,), v, dtype=torch.int32))
+    slow = sampling.sample(**{k: t.to(device) for k, t in keep_all.items()}, all_greedy=False, any_filter=True)
+    assert torch.equal(slow.cpu(), fast.cpu())
+    # negative control: another seed moves at least one sampled row
+    moved = sampling.sample(**{k: t.to(device) for k, t in dict(args, seeds=args["seeds"] + 1).items()},
+                            all_greedy=False, any_filter=False)
+    assert not torch.equal(moved.cpu(), fast.cpu())
