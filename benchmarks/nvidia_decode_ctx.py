@@ -22,6 +22,7 @@ import time
 
 import torch
 
+import shuili.core.models.deepseek_v4 as V4
 from shuili.core.graphs import DecodeGraphs
 from shuili.core.model_api import ForwardBatch
 from shuili.core.models.deepseek_v4 import DeepseekV4Model
@@ -32,6 +33,18 @@ from shuili.hal.formats import bytes_per_row
 from shuili.hal.types import Weight
 
 DEV = "cuda"
+_ROPE: dict = {}
+_rope_tables = V4.rope_tables
+
+
+def _cached_rope(cfg, compressed, max_len):  # one model's tables serve every model built here
+    key = (compressed, max_len, cfg.rope_theta, cfg.compress_rope_theta)
+    if key not in _ROPE:
+        _ROPE[key] = _rope_tables(cfg, compressed, max_len)
+    return _ROPE[key]
+
+
+V4.rope_tables = _cached_rope
 RELEASED_KV = dict(window_kv_format="mxfp8", compressed_kv_format="fp4_e4m3", indexer_k_format="mxfp4")
 
 
@@ -249,13 +262,15 @@ def main():
         wbytes = weight_bytes(params)
         print(f"{fmt}: weights {wbytes / 1e9:.2f} GB, built in {time.perf_counter() - t0:.1f}s", flush=True)
         for bi in (False, True):
+            if bi and not bi_cases:
+                continue
             plat = resolve_platform(PlatformConfig(platform=args.platform, batch_invariant=bi))
+            model = DeepseekV4Model(cfg, plat.ops, params, device=DEV, dtype=args.dtype,
+                                    max_model_len=max(ctxs) + 256)
             for B in batches:
                 for ctx in ctxs:
                     if bi and (B, ctx) not in bi_cases:
                         continue
-                    model = DeepseekV4Model(cfg, plat.ops, params, device=DEV, dtype=args.dtype,
-                                            max_model_len=max(ctxs) + 256)
                     try:
                         c = Caches(model, plat.ops, B, ctx, args.block)
                         groups = model.cache_groups()
@@ -284,7 +299,7 @@ def main():
                     rows.append(r)
                     print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "profile"},
                           flush=True)
-                    del model
+                    model.caches = {}
                     c = g = graph = None
                     if DEV == "cuda":
                         torch.cuda.empty_cache()
