@@ -25,6 +25,13 @@ BI_TILE = (64, 64, 64)  # BM, BN, BK in batch-invariant mode, for every M
 # BI_MIN_KC so that a decode-sized linear (N = 24 .. 2048) is not streamed by a few SMs
 BI_MIN_PROGRAMS = 128
 BI_MIN_KC = 256
+# default mode, quantized weights at decode sizes (M <= Q_MAX_M): 64-column tiles and a split of
+# K (chunks of at least Q_MIN_KC) until about two waves of programs stream the weight. One tile of
+# 128 columns per program left a 512 x 2048 fp8 linear to 4 programs and a 4096 x 4096 mxfp4 one to
+# 32 (286 us for 8 MB); each program dequantizes its own tiles, so more programs is more bandwidth.
+Q_MAX_M = 128
+Q_MIN_PROGRAMS = 264
+Q_MIN_KC = 256
 
 
 @triton.jit
@@ -159,18 +166,38 @@ def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
     return cdiv(k, kc), kc
 
 
+def _grouped_tile(m: int, e: int, batch_invariant: bool):
+    """Tile of a grouped GEMM: by rows per group (decode: a few rows per expert), not all rows."""
+    return BI_TILE if batch_invariant else _tiles_for(cdiv(m, max(e, 1)), False)
+
+
+def fill_split(tiles: int, k: int, bk: int) -> tuple[int, int]:
+    """(splits, K per split) so that tiles x splits reaches Q_MIN_PROGRAMS, chunks >= Q_MIN_KC."""
+    if tiles >= Q_MIN_PROGRAMS or k < 2 * Q_MIN_KC:
+        return 1, k
+    want = min(cdiv(Q_MIN_PROGRAMS, tiles), k // Q_MIN_KC)
+    kc = cdiv(cdiv(k, want), bk) * bk
+    return cdiv(k, kc), kc
+
+
 def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped, hilo=False):
     m, k = x.shape
     n = w.shape[-2]
     data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
     if grouped:
         te, t0, t1, nt = tiles
-        bm, bn, bk = _tiles_for(0, True) if batch_invariant else _tiles_for(m, False)
+        bm, bn, bk = _grouped_tile(m, w.shape[0], batch_invariant)
     else:
         bm, bn, bk = _tiles_for(m, batch_invariant)
         te = t0 = t1 = x
         nt = cdiv(m, bm)
-    split, kc = bi_split(n, k, w.shape[0] if grouped else 1) if batch_invariant else (1, k)
+    if batch_invariant:
+        split, kc = bi_split(n, k, w.shape[0] if grouped else 1)
+    elif w.format != "dense" and (cdiv(m, w.shape[0]) if grouped else m) <= Q_MAX_M:
+        bn = 64
+        split, kc = fill_split(cdiv(n, bn) * (min(w.shape[0], m) if grouped else nt), k, bk)
+    else:
+        split, kc = 1, k
     out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _gemm_kernel[(nt, cdiv(n, bn), split)](
         x, data, scale, bias if bias is not None else x, out, te, t0, t1, m, n, k, kc, x.stride(0),
@@ -239,7 +266,7 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,
     wdt = torch.bfloat16 if hilo else x.dtype
     if w.format == "dense" and w.data.dtype != wdt:
         w = Weight("dense", w.data.to(wdt), None, w.shape)
-    bm = (BI_TILE if batch_invariant else _tiles_for(m, False))[0]
+    bm = _grouped_tile(m, w.shape[0], batch_invariant)[0]
     return _launch(x.contiguous(), w, None, y, group_tiles(group_sizes, m, bm), batch_invariant, True,
                    hilo)
 

@@ -478,3 +478,24 @@ def test_sample_wide_vocab_chunks(device):
     moved = sampling.sample(**{k: t.to(device) for k, t in dict(args, seeds=args["seeds"] + 1).items()},
                             all_greedy=False, any_filter=False)
     assert not torch.equal(moved.cpu(), fast.cpu())
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block128", "mxfp4"])
+def test_quantized_decode_split_k(device, fmt, monkeypatch):
+    """Default mode cuts K for quantized weights at decode sizes (fill_split); the split result
+    stays within tolerance of the reference, plain and grouped, and is the same run to run."""
+    monkeypatch.setattr(gemm, "Q_MIN_KC", 64)
+    monkeypatch.setattr(gemm, "Q_MIN_PROGRAMS", 16)
+    assert gemm.fill_split(2, 320, 64) == (5, 64) and gemm.fill_split(16, 320, 64) == (1, 320)
+    w = weight(fmt, (40, 320), seed=25)
+    x, bias = rnd(9, 320, seed=26), rnd(40, seed=27)
+    want = REF["linear"](x, on(w, "cpu", torch.float32), bias)
+    wd = on(w, device, torch.float32)
+    got = gemm.linear(x.to(device), wd, bias.to(device))
+    assert rel(got, want) < TOL[torch.float32]
+    assert torch.equal(got, gemm.linear(x.to(device), wd, bias.to(device)))
+    sizes = torch.tensor([3, 0, 5, 1])
+    wg = weight(fmt, (4, 64, 256), seed=28)
+    xg = rnd(9, 256, seed=29)
+    got = gemm.grouped_linear(xg.to(device), on(wg, device, torch.float32), sizes.to(device))
+    assert rel(got, REF["grouped_linear"](xg, wg, sizes)) < TOL[torch.float32]
