@@ -58,6 +58,44 @@ def _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn,
 
 
 @triton.jit
+def _dot_acc(acc, a, w, F32: tl.constexpr, HILO: tl.constexpr):
+    """acc + a @ w^T; w is bf16-exact. HILO: float32 a as two bf16 dots (hi + lo)."""
+    if HILO:
+        hi = a.to(tl.bfloat16)
+        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+        wb = w.to(tl.bfloat16)
+        acc += tl.dot(hi, tl.trans(wb))
+        acc += tl.dot(lo, tl.trans(wb))
+    elif F32:
+        acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+    else:
+        acc += tl.dot(a, tl.trans(w.to(a.dtype)))
+    return acc
+
+
+@triton.jit
+def _mxfp4_step(acc, x_ptr, w_ptr, s_ptr, e, rows, rok, cols, cok, k0, k_hi, s_xm, s_we, s_wn, s_se, s_sn,
+                F32: tl.constexpr, HILO: tl.constexpr, BK: tl.constexpr):
+    """One BK step of an mxfp4 weight: bytes [BN, BK/2] hold elements k0 + 2j (low nibble) and
+    k0 + 2j + 1 (high nibble); x @ W^T = x_even @ W_lo^T + x_odd @ W_hi^T. Each byte is loaded once
+    and each scale once per pair, where the element-wise tile loaded both per element."""
+    j = tl.arange(0, BK // 2)
+    kev = k0 + 2 * j
+    jok = kev < k_hi  # K and every chunk bound are even
+    m = cok[:, None] & jok[None, :]
+    byte = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + (kev // 2)[None, :], mask=m, other=0).to(tl.int32)
+    sc = e8m0_to_f32(tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (kev // 32)[None, :], mask=m, other=127))
+    w_lo = e2m1_to_f32(byte & 15) * sc
+    w_hi = e2m1_to_f32(byte >> 4) * sc
+    am = rok[:, None] & jok[None, :]
+    xrow = x_ptr + rows[:, None].to(tl.int64) * s_xm
+    a_ev = tl.load(xrow + kev[None, :], mask=am, other=0.0)
+    a_od = tl.load(xrow + kev[None, :] + 1, mask=am, other=0.0)
+    acc = _dot_acc(acc, a_ev, w_lo, F32, HILO)
+    return _dot_acc(acc, a_od, w_hi, F32, HILO)
+
+
+@triton.jit
 def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N, K, KC, s_xm, s_ym,
                  s_we, s_wn, s_se, s_sn, FMT: tl.constexpr, GROUPED: tl.constexpr,
                  HAS_BIAS: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, NATIVE_FP8: tl.constexpr,
@@ -83,22 +121,16 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N
     k_lo = tl.program_id(2) * KC  # SPLIT > 1: this program's fixed K chunk [k_lo, k_lo + KC)
     k_hi = tl.minimum(k_lo + KC, K)
     for k0 in range(k_lo, k_hi, BK):
-        kk = k0 + tl.arange(0, BK)
-        kok = kk < k_hi
-        a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :],
-                    mask=rok[:, None] & kok[None, :], other=0.0)
-        if HILO:  # float32 rows against bf16-exact weights: a = hi + lo, two bf16 tensor-core dots
-            hi = a.to(tl.bfloat16)
-            lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
-            w = _w_tile(hi, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
-            acc += tl.dot(hi, tl.trans(w))
-            acc += tl.dot(lo, tl.trans(w))
+        if FMT == 2:  # mxfp4: K split into even and odd elements, one byte load per pair
+            acc = _mxfp4_step(acc, x_ptr, w_ptr, s_ptr, e, rows, rok, cols, cok, k0, k_hi, s_xm, s_we, s_wn,
+                              s_se, s_sn, F32, HILO, BK)
         else:
+            kk = k0 + tl.arange(0, BK)
+            kok = kk < k_hi
+            a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :],
+                        mask=rok[:, None] & kok[None, :], other=0.0)
             w = _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
-            if F32:
-                acc += tl.dot(a, tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(a, tl.trans(w))
+            acc = _dot_acc(acc, a, w, F32, HILO)
     if SPLIT > 1:  # fp32 partials [SPLIT, M, N]; _split_sum adds them in split order
         part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
         tl.store(part + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=rok[:, None] & cok[None, :])
