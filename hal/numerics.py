@@ -214,19 +214,30 @@ def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torc
     return cos.to(torch.float32), sin.to(torch.float32)
 
 
-def normal(shape, generator: torch.Generator, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
+def normal(shape, generator: torch.Generator, mean: float = 0.0, std: float = 1.0,
+           device: str | torch.device | None = None) -> torch.Tensor:
     """float32 normal samples with the same bits on every host: Box-Muller over torch.rand's float64
     uniforms (a serial stream from the generator), with `log64` and `sincos64`. torch.randn's own
-    transform uses SIMD log/sin/cos whose bits depend on ATEN_CPU_CAPABILITY."""
+    transform uses SIMD log/sin/cos whose bits depend on ATEN_CPU_CAPABILITY.
+
+    The uniforms always come from the CPU generator; the transform (elementwise IEEE float64 ops
+    only, so the same bits anywhere) runs on `device` in slices of _NORMAL_SLICE pairs, which
+    bounds the float64 temporaries and lets a GPU transform a multi-GB random model in seconds."""
     shape = tuple(shape)
     n = 1
     for s in shape:
         n *= s
     u = torch.rand(2 * ((n + 1) // 2), dtype=torch.float64, generator=generator).view(-1, 2)
-    r = torch.sqrt(-2.0 * log64(1.0 - u[:, 0]))  # 1 - u in (0, 1]: log stays finite
-    sin, cos = sincos64(u[:, 1] * (2.0 * math.pi))
-    z = torch.stack([r * cos, r * sin], 1).reshape(-1)[:n]
-    return (z * std + mean).to(torch.float32).reshape(shape)
+    out = torch.empty(u.shape, dtype=torch.float32, device=device)
+    for i in range(0, u.shape[0], _NORMAL_SLICE):
+        ui = u[i:i + _NORMAL_SLICE].to(out.device)
+        r = torch.sqrt(-2.0 * log64(1.0 - ui[:, 0]))  # 1 - u in (0, 1]: log stays finite
+        sin, cos = sincos64(ui[:, 1] * (2.0 * math.pi))
+        out[i:i + _NORMAL_SLICE] = (torch.stack([r * cos, r * sin], 1) * std + mean).to(torch.float32)
+    return out.reshape(-1)[:n].reshape(shape)
+
+
+_NORMAL_SLICE = 1 << 22
 
 
 def pow_f32(base: float, y: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ memory map, one tensor at a time, so peak host memory stays near one tensor.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -98,6 +99,9 @@ def _grouped_dense(t: torch.Tensor, cfg: V4Config) -> Weight:
 
 
 # ----------------------------------------------------------------------------------- random weights
+_DEVICE_NORMAL_MIN = 1 << 20  # elements; tiny-v4's tensors all stay below it
+
+
 def random_params(cfg: V4Config, device: str = "cpu", dtype: str = "float32", seed: int = 0,
                   with_mtp: bool = True) -> dict:
     """Seeded random weights in schema order (one RNG stream, no per-expert Python loops), drawn
@@ -116,16 +120,19 @@ def random_params(cfg: V4Config, device: str = "cpu", dtype: str = "float32", se
             continue
         # numerics.normal, not normal_: torch's normal transform has host-dependent bits, and a
         # random-weight model must be the same model on every host
+        # large tensors are transformed on the target device (same bits, IEEE float64 elementwise
+        # ops): on the CPU alone a multi-GB random model takes tens of minutes
+        dev = device if math.prod(sp.shape) >= _DEVICE_NORMAL_MIN else None
         if name.endswith(("norm.weight", "_scale")):
             t = torch.ones(sp.shape, dtype=torch.float32)
         elif name.endswith(("_base", "ape")):
-            t = numerics.normal(sp.shape, g, 0.0, 0.5)
+            t = numerics.normal(sp.shape, g, 0.0, 0.5, device=dev)
         elif name.endswith("attn_sink"):
-            t = numerics.normal(sp.shape, g, 0.0, 1.0)
+            t = numerics.normal(sp.shape, g, 0.0, 1.0, device=dev)
         elif name.endswith("gate.bias"):
-            t = numerics.normal(sp.shape, g, 0.0, 0.05)
+            t = numerics.normal(sp.shape, g, 0.0, 0.05, device=dev)
         else:
-            t = numerics.normal(sp.shape, g, 0.0, std)
+            t = numerics.normal(sp.shape, g, 0.0, std, device=dev)
         out[name] = _as_param(t, sp, cfg, dt).to(device)
     return out
 
