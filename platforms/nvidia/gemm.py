@@ -291,6 +291,12 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,
         raise ValueError(f"grouped_linear: x {tuple(x.shape)}, weight {w.shape}, "
                          f"{group_sizes.numel()} groups do not fit (W is [E, N, K], one size per E)")
     check(group_sizes.sum() == m, f"grouped_linear: group_sizes must sum to M={m}")
+    return _grouped(x, w, group_sizes, None, batch_invariant, out_dtype, weight_dtype)
+
+
+def _grouped(x, w: Weight, group_sizes, tiles, batch_invariant, out_dtype=None, weight_dtype=None):
+    """grouped_linear without the size check; `tiles` (group_tiles of these sizes) may be shared."""
+    m = x.shape[0]
     y = torch.empty(m, w.shape[-2], dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or y.shape[1] == 0:
         return y
@@ -298,9 +304,9 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,
     wdt = torch.bfloat16 if hilo else x.dtype
     if w.format == "dense" and w.data.dtype != wdt:
         w = Weight("dense", w.data.to(wdt), None, w.shape)
-    bm = _grouped_tile(m, w.shape[0], batch_invariant)[0]
-    return _launch(x.contiguous(), w, None, y, group_tiles(group_sizes, m, bm), batch_invariant, True,
-                   hilo)
+    if tiles is None:
+        tiles = group_tiles(group_sizes, m, _grouped_tile(m, w.shape[0], batch_invariant)[0])
+    return _launch(x.contiguous(), w, None, y, tiles, batch_invariant, True, hilo)
 
 
 def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit=None, *,
@@ -315,14 +321,16 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     order = torch.argsort(flat, stable=True)
     sizes = torch.zeros(e, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
     xs = x[order // k]
-    h = grouped_linear(xs, w13, sizes, batch_invariant=batch_invariant, out_dtype=torch.float32)
+    # both GEMMs have t * k rows in the same groups: one tile map (built on the device) serves both
+    tiles = group_tiles(sizes, t * k, _grouped_tile(t * k, e, batch_invariant)[0]) if t else None
+    h = _grouped(xs, w13, sizes, tiles, batch_invariant, out_dtype=torch.float32)
     inter = h.shape[1] // 2
     g, u = h[:, :inter], h[:, inter:]
     if swiglu_limit is not None:
         g = g.clamp(max=swiglu_limit)
         u = u.clamp(-swiglu_limit, swiglu_limit)
     a = torch.nn.functional.silu(g) * u
-    y = grouped_linear(a, w2, sizes, batch_invariant=batch_invariant, weight_dtype=x.dtype)
+    y = _grouped(a, w2, sizes, tiles, batch_invariant, weight_dtype=x.dtype)
     ys = torch.empty_like(y)
     ys[order] = y
     ys = ys.view(t, k, -1)
