@@ -253,7 +253,7 @@ def main():
     ctxs = [int(x) for x in args.ctx.split(",")]
     bi_cases = {tuple(int(v) for v in x.split(":")) for x in args.bi.split(",") if x}
     prof_cases = {x for x in args.profile.split(",") if x}
-    rows = []
+    rows, keep = [], []
     for fmt in args.formats.split(","):
         released = fmt == "released"
         cfg = named(args.model, **(RELEASED_KV if released else {}))
@@ -300,9 +300,11 @@ def main():
                     print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "profile"},
                           flush=True)
                     model.caches = {}
+                    # graphs stay alive, as in the engine: they share one memory pool, and capturing into
+                    # a pool whose earlier graph was freed (then empty_cache) trips an allocator assert
+                    # (seen on the H200, torch 2.11: CUDACachingAllocator.cpp:2799 use_count > 0)
+                    keep.append(g)
                     c = g = graph = None
-                    if DEV == "cuda":
-                        torch.cuda.empty_cache()
         del params
     if args.json:
         with open(args.json, "w") as f:
