@@ -499,3 +499,28 @@ def test_quantized_decode_split_k(device, fmt, monkeypatch):
     xg = rnd(9, 256, seed=29)
     got = gemm.grouped_linear(xg.to(device), on(wg, device, torch.float32), sizes.to(device))
     assert rel(got, REF["grouped_linear"](xg, wg, sizes)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("fmt", ["none", "mxfp4"])
+def test_indexer_topk_short_rows_of_a_long_table(device, fmt):
+    """A short sequence batched with a long one: its programs past its visible keys skip the keys
+    (the grid spans the longest table) and it still gets the reference's ids, -1 padded."""
+    gen = g(61)
+    bs, ratio, h, dk, topk = 16, 4, 4, 64, 8
+    toks, ents = [700, 9], [175, 2]
+    blocks = [math.ceil(e / bs) for e in ents]
+    pool = sum(blocks)
+    table = torch.full((2, max(blocks)), -1, dtype=torch.int32)
+    table[0, :blocks[0]] = torch.arange(blocks[0], dtype=torch.int32)
+    table[1, :blocks[1]] = torch.arange(blocks[0], pool, dtype=torch.int32)
+    qsl = torch.tensor([0, 2, 3], dtype=torch.int32)
+    pos = torch.tensor([698, 699, 8])
+    # small integers: exact scores on every device, ties included
+    rows = torch.randint(-2, 3, (pool * bs, dk), generator=gen).float()
+    k_cache = rows.view(pool, bs, dk) if fmt == "none" else REF["kv_quantize"](rows, fmt).view(pool, bs, -1)
+    q = torch.randint(-2, 3, (3, h, dk), generator=gen).float()
+    w = torch.randint(0, 3, (3, h), generator=gen).float()
+    args = (q, w, k_cache, table, qsl, pos, ratio, topk, fmt)
+    got = indexer.indexer_topk(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args]).cpu()
+    assert torch.equal(got, REF["indexer_topk"](*args))
+    assert (got[2, 2:] == -1).all() and (got[2, :2] >= 0).all()
