@@ -14,76 +14,30 @@ from shuili.hal import noise
 from shuili.platforms.nvidia.common import capturing, cdiv, desc_key, pow2
 
 
-# A row of V columns is cut into chunks of CHUNK columns (a constant, never derived from B), so a
-# wide vocabulary spreads over B * cdiv(V, CHUNK) programs instead of B. Every program of a row
-# reads the same (m, log s) pair from `_row_stats`, and lp = (x - m) - log s is formed the same way
-# in log_softmax and in the fused sampler: a row's lp bits do not depend on the path, the batch,
-# or which other rows filter.
+# The noise argmax cuts a row of V ids into chunks of CHUNK (a constant, never derived from B), so a
+# wide vocabulary spreads over B * cdiv(V, CHUNK) programs instead of B.
 CHUNK = 4096
 
 
 @triton.jit
-def _chunk_stats_kernel(x_ptr, pm_ptr, ps_ptr, V, s_x, NC, CH: tl.constexpr, BLOCK: tl.constexpr):
-    """Per (row, chunk): the chunk's max m_c and sum exp(x - m_c), in a fixed order."""
+def _log_softmax_kernel(x_ptr, y_ptr, V, s_x, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    ch = tl.program_id(1)
     c = tl.arange(0, BLOCK)
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
-    for v0 in range(ch * CH, ch * CH + CH, BLOCK):
+    for v0 in range(0, V, BLOCK):
         x = tl.load(x_ptr + row * s_x + v0 + c, mask=v0 + c < V, other=float("-inf")).to(tl.float32)
         mx = tl.maximum(mx, x)
     m = tl.max(mx, axis=0)
-    mf = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([BLOCK], tl.float32)
-    for v0 in range(ch * CH, ch * CH + CH, BLOCK):
-        x = tl.load(x_ptr + row * s_x + v0 + c, mask=v0 + c < V, other=float("-inf")).to(tl.float32)
-        acc += tl.exp(x - mf)
-    tl.store(pm_ptr + row * NC + ch, m)
-    tl.store(ps_ptr + row * NC + ch, tl.sum(acc, axis=0))
-
-
-@triton.jit
-def _row_stats_kernel(pm_ptr, ps_ptr, st_ptr, NC, NCP: tl.constexpr):
-    """(m, log s) of a row from its chunks' partials: st[row] = (m, ls), in chunk order."""
-    row = tl.program_id(0).to(tl.int64)
-    k = tl.arange(0, NCP)
-    ok = k < NC
-    pm = tl.load(pm_ptr + row * NC + k, mask=ok, other=float("-inf"))
-    ps = tl.load(ps_ptr + row * NC + k, mask=ok, other=0.0)
-    m = tl.max(pm, axis=0)
     m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.where(ps > 0, tl.exp(tl.where(ps > 0, pm, m) - m), 0.0)
-    s = tl.sum(ps * w, axis=0)
-    tl.store(st_ptr + row * 2, m)
-    tl.store(st_ptr + row * 2 + 1, tl.log(s))
-
-
-@triton.jit
-def _lp_kernel(x_ptr, st_ptr, y_ptr, V, s_x, CH: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    ch = tl.program_id(1)
-    m = tl.load(st_ptr + row * 2)
-    ls = tl.load(st_ptr + row * 2 + 1)
-    c = tl.arange(0, BLOCK)
-    for v0 in range(ch * CH, ch * CH + CH, BLOCK):
-        ok = v0 + c < V
-        x = tl.load(x_ptr + row * s_x + v0 + c, mask=ok, other=0.0).to(tl.float32)
-        # (x - m) - log(s), never x - (m + log s): with |m| in the thousands m + log s keeps few bits of log s
-        tl.store(y_ptr + row * V + v0 + c, (x - m) - ls, mask=ok)
-
-
-def _row_stats(x: torch.Tensor) -> torch.Tensor:
-    """float32 [B, 2]: each row's (max, log sum exp(x - max)), the same bits for every caller."""
-    b, v = x.shape
-    nc = cdiv(v, CHUNK)
-    pm = torch.empty(b, nc, dtype=torch.float32, device=x.device)
-    ps = torch.empty(b, nc, dtype=torch.float32, device=x.device)
-    st = torch.empty(b, 2, dtype=torch.float32, device=x.device)
-    blk = min(1024, pow2(v, 16))
-    _chunk_stats_kernel[(b, nc)](x, pm, ps, v, x.stride(0), nc, CH=CHUNK, BLOCK=blk,
-                                 num_warps=4 if blk >= 1024 else 1)
-    _row_stats_kernel[(b,)](pm, ps, st, nc, NCP=pow2(nc, 2))
-    return st
+    acc = tl.zeros([BLOCK], tl.float32)
+    for v0 in range(0, V, BLOCK):
+        x = tl.load(x_ptr + row * s_x + v0 + c, mask=v0 + c < V, other=float("-inf")).to(tl.float32)
+        acc += tl.exp(x - m)
+    # (x - m) - log(s), never x - (m + log s): with |m| in the thousands m + log s keeps few bits of log s
+    ls = tl.log(tl.sum(acc, axis=0))
+    for v0 in range(0, V, BLOCK):
+        x = tl.load(x_ptr + row * s_x + v0 + c, mask=v0 + c < V, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * V + v0 + c, (x - m) - ls, mask=v0 + c < V)
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -93,10 +47,8 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     out = torch.empty(b, v, dtype=torch.float32, device=logits.device)
     if b and v:
         x = logits if logits.stride(-1) == 1 else logits.contiguous()
-        st = _row_stats(x)
-        blk = min(1024, pow2(v, 16))
-        _lp_kernel[(b, cdiv(v, CHUNK))](x, st, out, v, x.stride(0), CH=CHUNK, BLOCK=blk,
-                                        num_warps=4 if blk >= 1024 else 1)
+        _log_softmax_kernel[(b,)](x, out, v, x.stride(0), BLOCK=min(4096, pow2(v, 16)),
+                                  num_warps=8 if v >= 4096 else 4)
     return out
 
 
@@ -112,13 +64,11 @@ def _mix(h, k):
 
 
 @triton.jit
-def _gumbel_argmax_kernel(src_ptr, st_ptr, keep_ptr, seed_ptr, pos_ptr, best_ptr, arg_ptr, V, s_x, NC,
-                          FROM_X: tl.constexpr, HAS_KEEP: tl.constexpr, CH: tl.constexpr,
-                          BLOCK: tl.constexpr):
+def _gumbel_argmax_kernel(lp_ptr, keep_ptr, seed_ptr, pos_ptr, best_ptr, arg_ptr, V, NC,
+                          HAS_KEEP: tl.constexpr, CH: tl.constexpr, BLOCK: tl.constexpr):
     """Per (row, chunk of CH ids): the max of lp + gumbel(seed, position, id) and its lowest id.
-    lp is read (src = log-probs [B, V]) or, FROM_X, formed from the scaled logits and the row's
-    (m, log s) exactly as `_lp_kernel` forms it. The noise is shuili.hal.noise's MurmurHash3
-    (uint32 arithmetic wraps exactly as the spec's mod 2^32)."""
+    The noise is shuili.hal.noise's MurmurHash3 (uint32 arithmetic wraps exactly as the spec's
+    mod 2^32)."""
     row = tl.program_id(0).to(tl.int64)
     ch = tl.program_id(1)
     seed = tl.load(seed_ptr + row)
@@ -128,9 +78,6 @@ def _gumbel_argmax_kernel(src_ptr, st_ptr, keep_ptr, seed_ptr, pos_ptr, best_ptr
     h0 = _mix(h0, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
     h0 = _mix(h0, (pos & 0xFFFFFFFF).to(tl.uint32))
     h0 = _mix(h0, ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32))
-    if FROM_X:
-        m = tl.load(st_ptr + row * 2)
-        ls = tl.load(st_ptr + row * 2 + 1)
     c = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float64)
     arg = tl.full([BLOCK], 2147483647, tl.int32)
@@ -142,11 +89,7 @@ def _gumbel_argmax_kernel(src_ptr, st_ptr, keep_ptr, seed_ptr, pos_ptr, best_ptr
         h = (h ^ (h >> 13)) * 0xC2B2AE35
         h = h ^ (h >> 16)
         u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10
-        if FROM_X:
-            x = tl.load(src_ptr + row * s_x + ids, mask=ok, other=0.0).to(tl.float32)
-            lp = (x - m) - ls
-        else:
-            lp = tl.load(src_ptr + row * s_x + ids, mask=ok, other=0.0)
+        lp = tl.load(lp_ptr + row * V + ids, mask=ok, other=0.0)
         score = lp.to(tl.float64) - tl.log(-tl.log(u))
         if HAS_KEEP:
             ok = ok & (tl.load(keep_ptr + row * V + ids, mask=ok, other=0) != 0)
@@ -162,31 +105,27 @@ def _gumbel_argmax_kernel(src_ptr, st_ptr, keep_ptr, seed_ptr, pos_ptr, best_ptr
 _FUSED = {"ok": True}  # flips to False if the fused kernel fails to build on this stack
 
 
-def _gumbel_argmax(src, st, keep, seeds, positions):
-    """argmax over ids of lp + gumbel, ties to the lowest id. src: lp [B, V] (st None) or the
-    scaled logits with their row stats st [B, 2]. Chunks keep their own (max, lowest id); the max
-    of float64 maxima is exact, so the pick equals a single pass over the row."""
-    b, v = src.shape
+def _gumbel_argmax(lp, keep, seeds, positions):
+    """argmax over ids of lp + gumbel, ties to the lowest id. Chunks keep their own (max, lowest
+    id); the max of float64 maxima is exact, so the pick equals a single pass over the row."""
+    b, v = lp.shape
     if _FUSED["ok"]:
         nc = cdiv(v, CHUNK)
-        best = torch.empty(b, nc, dtype=torch.float64, device=src.device)
-        arg = torch.empty(b, nc, dtype=torch.int32, device=src.device)
+        best = torch.empty(b, nc, dtype=torch.float64, device=lp.device)
+        arg = torch.empty(b, nc, dtype=torch.int32, device=lp.device)
         blk = min(1024, pow2(v, 16))
         try:
-            _gumbel_argmax_kernel[(b, nc)](src, st if st is not None else src,
-                                           keep if keep is not None else src,
+            _gumbel_argmax_kernel[(b, nc)](lp.contiguous(), keep if keep is not None else lp,
                                            seeds.to(torch.int64).contiguous(),
-                                           positions.to(torch.int64).contiguous(), best, arg, v,
-                                           src.stride(0), nc, FROM_X=st is not None,
+                                           positions.to(torch.int64).contiguous(), best, arg, v, nc,
                                            HAS_KEEP=keep is not None, CH=CHUNK, BLOCK=blk,
                                            num_warps=4 if blk >= 1024 else 1)
             top = best.max(dim=1, keepdim=True).values
             return torch.where(best == top, arg, 2147483647).min(dim=1).values.to(torch.int64)
         except Exception:  # compile failure: the torch path computes the same function
             _FUSED["ok"] = False
-    lp = src if st is None else (src.float() - st[:, :1]) - st[:, 1:]
     score = lp.to(torch.float64) + noise.gumbel(seeds[:, None], positions[:, None],
-                                                torch.arange(v, device=src.device)[None, :])
+                                                torch.arange(v, device=lp.device)[None, :])
     if keep is not None:
         score = torch.where(keep, score, float("-inf"))
     return torch.argmax(score, dim=1)
@@ -225,12 +164,8 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, *, all_gr
     if not graph and (all_greedy or (all_greedy is None and not bool(sampled.any()))):
         return greedy
     t = torch.where(sampled, temperature, 1.0).to(torch.float32)
-    xs = (x / t[:, None]).contiguous()
+    lp = log_softmax(x / t[:, None])
     filt = graph or any_filter or (
         any_filter is None and bool(((top_k > 0) | (top_p < 1.0) | (min_p > 0.0)).any()))
-    if filt:
-        lp = log_softmax(xs)
-        tok = _gumbel_argmax(lp, None, _keep(lp, top_k, top_p, min_p), seeds, positions)
-    else:  # one pass for the stats, one for the noise: lp is never written
-        tok = _gumbel_argmax(xs, _row_stats(xs), None, seeds, positions)
-    return torch.where(sampled, tok, greedy)
+    keep = _keep(lp, top_k, top_p, min_p) if filt else None
+    return torch.where(sampled, _gumbel_argmax(lp, keep, seeds, positions), greedy)

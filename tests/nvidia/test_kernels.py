@@ -457,9 +457,8 @@ def test_log_softmax_and_sample(device):
 
 
 def test_sample_wide_vocab_chunks(device):
-    """Vocabularies over several CHUNKs: the chunked stats and the one-pass (no filter) sampler
-    give the reference's tokens, and a row's token is the same on the filtering path with a
-    filter that keeps everything (the two paths form lp with the same bits)."""
+    """Vocabularies over several CHUNKs of the noise argmax: the reference's tokens with and without
+    a filter, and a filter that keeps everything picks what no filter picks."""
     b, v = 5, 2 * sampling.CHUNK + 77
     lg = rnd(b, v, seed=95, std=4.0)
     lg[1, sampling.CHUNK + 3] = 40.0  # a clear winner in the second chunk
