@@ -219,13 +219,17 @@ def run(args):
         seeds, posi = torch.arange(64, device=DEV), torch.arange(64, device=DEV)
         record("sample B64 V129280 (seeded, no filter)",
                bench(lambda: sampling.sample(lg, temp, zk, one, zero, seeds, posi)), lg.numel() * 4)
+        record("sample B64 V129280 (seeded, no filter) [graph]",
+               graph_bench(lambda: sampling.sample(lg, temp, zk, one, zero, seeds, posi, all_greedy=False,
+                                                   any_filter=False)), lg.numel() * 4)
         record("sample B64 V129280 (greedy)",
                bench(lambda: sampling.sample(lg, zero, zk, one, zero, seeds, posi)), lg.numel() * 4)
         cache = torch.empty(4096, 64, 528, device=DEV, dtype=torch.uint8)
         vals = torch.randint(0, 255, (8192, 528), device=DEV, dtype=torch.uint8)
         slots = torch.randperm(4096 * 64, device=DEV)[:8192]
         record("cache_write N8192 row528B", bench(lambda: misc.cache_write(cache, slots, vals)), 2 * vals.numel())
-    for sec in (_sec0, _sec1, _sec2, _sec3, _sec4, _sec5, _sec6):
+    secs = (_sec0, _sec1, _sec2, _sec3, _sec4, _sec5, _sec6)
+    for sec in [secs[int(i)] for i in args.sections.split(",")] if args.sections else secs:
         try:
             sec()
         except Exception as exc:  # keep timing the other kernels
@@ -250,6 +254,7 @@ def table(res) -> str:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sections", default="", help="comma-separated section numbers (0-6); default all")
     a = ap.parse_args()
     res = run(a)
     if a.json:

@@ -58,7 +58,19 @@ e2e_() {
   timeout ${T_E2E:-400} python3 benchmarks/nvidia_e2e.py --json "$OUT/e2e.json" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.txt" | tail -40
 }
 kernels_() {
-  timeout ${T_KERNELS:-240} python3 benchmarks/nvidia_kernels.py --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.txt" | tail -45
+  timeout ${T_KERNELS:-240} python3 benchmarks/nvidia_kernels.py --json "$OUT/kernels.json" ${KERNEL_ARGS:-} 2>&1 | tee "$OUT/kernels.txt" | tail -45
+}
+ctx_() {  # mid-v4 decode step vs context (captured graph replays), bf16 and released formats
+  timeout ${T_CTX:-300} python3 benchmarks/nvidia_decode_ctx.py --json "$OUT/ctx.json" ${CTX_ARGS:-} 2>&1 | tee "$OUT/ctx.txt" | tail -60
+}
+confops_() {  # op-level conformance of the ops in OPS (default + batch-invariant mode)
+  local ops=""; for o in ${OPS:-sample log_softmax}; do ops="$ops --op $o"; done
+  timeout ${T_CONFOPS:-200} python3 -m shuili conformance run --platform nvidia --no-engine --cases ${CASES:-3} $ops \
+      --out "$OUT/conf_ops_default" > "$OUT/conf_ops_default.txt" 2>&1; echo "rc=$?" >> "$OUT/conf_ops_default.txt"
+  grep -E "conformance of|FAIL|ERROR|rc=" "$OUT/conf_ops_default.txt" | tail -8
+  timeout ${T_CONFOPS:-200} python3 -m shuili conformance run --platform nvidia --no-engine --batch-invariant \
+      --cases ${CASES:-3} $ops --out "$OUT/conf_ops_bi" > "$OUT/conf_ops_bi.txt" 2>&1; echo "rc=$?" >> "$OUT/conf_ops_bi.txt"
+  grep -E "conformance of|FAIL|ERROR|rc=" "$OUT/conf_ops_bi.txt" | tail -8
 }
 serve_() {  # shuili serve with mid-v4 on nvidia under serve_load.py's Poisson clients (docs/serving.md)
   echo '{"tokens_per_block": 128}' > /tmp/serve_cfg.json

@@ -17,6 +17,7 @@ import time
 
 from shuili.core.config import EngineConfig
 from shuili.core.kv_cache import KVCacheManager
+from shuili.core.kv_sizing import pool_sizes
 from shuili.core.model_api import default_tokens_per_block
 from shuili.core.outputs import CompletionOutput, RequestOutput
 from shuili.core.request import Request
@@ -44,13 +45,16 @@ class Engine:
         self.tokenizer = model.tokenizer
         self.max_model_len = self._max_len(config, model)
         groups = model.cache_groups()
-        P = config.tokens_per_block or default_tokens_per_block(groups)
-        self.num_blocks = config.num_blocks or self._blocks_from_budget(groups, P)
+        P = self.P = config.tokens_per_block or default_tokens_per_block(groups)
+        # an explicit num_blocks sizes every pool alike; a byte budget sizes sliding pools by their window
+        self.pool_blocks = config.num_blocks or pool_sizes(
+            groups, P, config.kv_cache_bytes, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         self.eos = tuple(self.tokenizer.eos_token_ids)
-        self.kv = KVCacheManager(groups, self.num_blocks, P, config.enable_prefix_caching)
+        self.kv = KVCacheManager(groups, self.pool_blocks, P, config.enable_prefix_caching)
+        self.num_blocks = self.kv.num_blocks
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, config.policy, self.eos, self.tokenizer.decode)
-        self.runner = ModelRunner(model, self.ops, groups, self.num_blocks, P, self.device,
+        self.runner = ModelRunner(model, self.ops, groups, self.pool_blocks, P, self.device,
                                   self._graphs(model, groups, P), self.platform.transfer)
         self._inflight: tuple[SchedulerOutput, StepResult] | None = None
         self._ids = itertools.count()
@@ -75,15 +79,6 @@ class Engine:
             raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's limit {limit}; "
                              f"use max_model_len <= {limit}")
         return config.max_model_len
-
-    def _blocks_from_budget(self, groups, P: int) -> int:
-        per_block = sum(g.bytes_per_block(P) for g in groups)
-        cap = self.config.max_num_seqs * -(-self.max_model_len // P) + 1
-        n = min(self.config.kv_cache_bytes // per_block, cap)
-        if n < 1:
-            raise ValueError(f"kv_cache_bytes={self.config.kv_cache_bytes} holds no KV block "
-                             f"({per_block} bytes each); raise kv_cache_bytes or set num_blocks")
-        return n
 
     # ----------------------------------------------------------------------------- requests
     def tokenize(self, prompt: str | list[int], apply_chat_template: bool = False) -> list[int]:

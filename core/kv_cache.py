@@ -88,8 +88,9 @@ class BlockPool:
 class KVCacheManager:
     """Block tables live on the Request (`req.block_ids[group]`); -1 marks a freed sliding block."""
 
-    def __init__(self, groups: list[CacheGroupSpec], num_blocks: int, tokens_per_block: int,
+    def __init__(self, groups: list[CacheGroupSpec], num_blocks: int | dict[str, int], tokens_per_block: int,
                  enable_prefix_caching: bool = True):
+        """num_blocks: one count for every group, or per group name (core/kv_sizing.py)."""
         if not groups:
             raise ValueError("the model declares no cache groups")
         for g in groups:
@@ -97,11 +98,13 @@ class KVCacheManager:
         self.groups = list(groups)
         self.P = tokens_per_block
         self.enable_prefix_caching = enable_prefix_caching
-        self.pools = {g.name: BlockPool(g.name, num_blocks) for g in groups}
+        sizes = num_blocks if isinstance(num_blocks, dict) else {g.name: num_blocks for g in groups}
+        self.pools = {g.name: BlockPool(g.name, sizes[g.name]) for g in groups}
         self.requests: dict[str, Request] = {}
         self._sliding = [g for g in groups if g.kind == "sliding"]
         self._prefix = [g for g in groups if g.kind != "sliding"]
-        self.num_blocks = num_blocks
+        # the pools that bound a sequence's length (sliding pools hold a window, not a sequence)
+        self.num_blocks = min(sizes[g.name] for g in (self._prefix or self.groups))
         # admissions only (hits passed): the prefix-cache hit rate is hit / queried tokens
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0

@@ -19,11 +19,12 @@ from shuili.core.scheduler import SampleRow, SchedulerOutput, StepOutput
 from shuili.hal.transfer import HostTransfer, Pending, Transfer
 
 
-def allocate_caches(groups: list[CacheGroupSpec], num_blocks: int, tokens_per_block: int,
+def allocate_caches(groups: list[CacheGroupSpec], num_blocks: int | dict[str, int], tokens_per_block: int,
                     device: str) -> dict[str, list[torch.Tensor]]:
     caches = {}
     for g in groups:
-        shape = (num_blocks, g.entries_per_block(tokens_per_block), *g.entry_shape)
+        n = num_blocks[g.name] if isinstance(num_blocks, dict) else num_blocks
+        shape = (n, g.entries_per_block(tokens_per_block), *g.entry_shape)
         caches[g.name] = [torch.zeros(shape, dtype=getattr(torch, g.dtype), device=device)
                           for _ in g.layers]
     return caches
@@ -88,7 +89,7 @@ class Step:
 
 
 class ModelRunner:
-    def __init__(self, model, ops, groups: list[CacheGroupSpec], num_blocks: int,
+    def __init__(self, model, ops, groups: list[CacheGroupSpec], num_blocks: int | dict[str, int],
                  tokens_per_block: int, device: str = "cpu", graphs=None, transfer: Transfer | None = None):
         self.model = model
         self.transfer = transfer or HostTransfer()  # the platform's host <-> device copies

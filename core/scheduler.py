@@ -222,12 +222,13 @@ class Scheduler:
                 out.preempted.append(req)
         self._forced.clear()
         budget = self.max_num_batched_tokens
+        for req in self.running:  # every sequence, also those the budget leaves out (core/kv_sizing.py)
+            self.kv.release_out_of_window(req)
         for req in list(self.running):
             if budget <= 0:
                 break
             if req.status is not Status.RUNNING:
                 continue  # preempted earlier in this step
-            self.kv.release_out_of_window(req)
             n, sample = self._chunk(req, budget)
             if n <= 0:
                 continue  # all known tokens computed; waiting for a sample or a finish

@@ -25,6 +25,13 @@ BI_TILE = (64, 64, 64)  # BM, BN, BK in batch-invariant mode, for every M
 # BI_MIN_KC so that a decode-sized linear (N = 24 .. 2048) is not streamed by a few SMs
 BI_MIN_PROGRAMS = 128
 BI_MIN_KC = 256
+# default mode, quantized weights at decode sizes (M <= Q_MAX_M): 64-column tiles and a split of
+# K (chunks of at least Q_MIN_KC) until about two waves of programs stream the weight. One tile of
+# 128 columns per program left a 512 x 2048 fp8 linear to 4 programs and a 4096 x 4096 mxfp4 one to
+# 32 (286 us for 8 MB); each program dequantizes its own tiles, so more programs is more bandwidth.
+Q_MAX_M = 128
+Q_MIN_PROGRAMS = 264
+Q_MIN_KC = 256
 
 
 @triton.jit
@@ -48,6 +55,44 @@ def _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn,
         sc = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + kk[None, :] // 32, mask=m, other=127)
         w = (e2m1_to_f32(nib) * e8m0_to_f32(sc)).to(a.dtype)
     return w
+
+
+@triton.jit
+def _dot_acc(acc, a, w, F32: tl.constexpr, HILO: tl.constexpr):
+    """acc + a @ w^T; w is bf16-exact. HILO: float32 a as two bf16 dots (hi + lo)."""
+    if HILO:
+        hi = a.to(tl.bfloat16)
+        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+        wb = w.to(tl.bfloat16)
+        acc += tl.dot(hi, tl.trans(wb))
+        acc += tl.dot(lo, tl.trans(wb))
+    elif F32:
+        acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+    else:
+        acc += tl.dot(a, tl.trans(w.to(a.dtype)))
+    return acc
+
+
+@triton.jit
+def _mxfp4_step(acc, x_ptr, w_ptr, s_ptr, e, rows, rok, cols, cok, k0, k_hi, s_xm, s_we, s_wn, s_se, s_sn,
+                F32: tl.constexpr, HILO: tl.constexpr, BK: tl.constexpr):
+    """One BK step of an mxfp4 weight: bytes [BN, BK/2] hold elements k0 + 2j (low nibble) and
+    k0 + 2j + 1 (high nibble); x @ W^T = x_even @ W_lo^T + x_odd @ W_hi^T. Each byte is loaded once
+    and each scale once per pair, where the element-wise tile loaded both per element."""
+    j = tl.arange(0, BK // 2)
+    kev = k0 + 2 * j
+    jok = kev < k_hi  # K and every chunk bound are even
+    m = cok[:, None] & jok[None, :]
+    byte = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + (kev // 2)[None, :], mask=m, other=0).to(tl.int32)
+    sc = e8m0_to_f32(tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (kev // 32)[None, :], mask=m, other=127))
+    w_lo = e2m1_to_f32(byte & 15) * sc
+    w_hi = e2m1_to_f32(byte >> 4) * sc
+    am = rok[:, None] & jok[None, :]
+    xrow = x_ptr + rows[:, None].to(tl.int64) * s_xm
+    a_ev = tl.load(xrow + kev[None, :], mask=am, other=0.0)
+    a_od = tl.load(xrow + kev[None, :] + 1, mask=am, other=0.0)
+    acc = _dot_acc(acc, a_ev, w_lo, F32, HILO)
+    return _dot_acc(acc, a_od, w_hi, F32, HILO)
 
 
 @triton.jit
@@ -76,22 +121,16 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N
     k_lo = tl.program_id(2) * KC  # SPLIT > 1: this program's fixed K chunk [k_lo, k_lo + KC)
     k_hi = tl.minimum(k_lo + KC, K)
     for k0 in range(k_lo, k_hi, BK):
-        kk = k0 + tl.arange(0, BK)
-        kok = kk < k_hi
-        a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :],
-                    mask=rok[:, None] & kok[None, :], other=0.0)
-        if HILO:  # float32 rows against bf16-exact weights: a = hi + lo, two bf16 tensor-core dots
-            hi = a.to(tl.bfloat16)
-            lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
-            w = _w_tile(hi, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
-            acc += tl.dot(hi, tl.trans(w))
-            acc += tl.dot(lo, tl.trans(w))
+        if FMT == 2:  # mxfp4: K split into even and odd elements, one byte load per pair
+            acc = _mxfp4_step(acc, x_ptr, w_ptr, s_ptr, e, rows, rok, cols, cok, k0, k_hi, s_xm, s_we, s_wn,
+                              s_se, s_sn, F32, HILO, BK)
         else:
+            kk = k0 + tl.arange(0, BK)
+            kok = kk < k_hi
+            a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :],
+                        mask=rok[:, None] & kok[None, :], other=0.0)
             w = _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
-            if F32:
-                acc += tl.dot(a, tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(a, tl.trans(w))
+            acc = _dot_acc(acc, a, w, F32, HILO)
     if SPLIT > 1:  # fp32 partials [SPLIT, M, N]; _split_sum adds them in split order
         part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
         tl.store(part + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=rok[:, None] & cok[None, :])
@@ -159,18 +198,38 @@ def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
     return cdiv(k, kc), kc
 
 
+def _grouped_tile(m: int, e: int, batch_invariant: bool):
+    """Tile of a grouped GEMM: by rows per group (decode: a few rows per expert), not all rows."""
+    return BI_TILE if batch_invariant else _tiles_for(cdiv(m, max(e, 1)), False)
+
+
+def fill_split(tiles: int, k: int, bk: int) -> tuple[int, int]:
+    """(splits, K per split) so that tiles x splits reaches Q_MIN_PROGRAMS, chunks >= Q_MIN_KC."""
+    if tiles >= Q_MIN_PROGRAMS or k < 2 * Q_MIN_KC:
+        return 1, k
+    want = min(cdiv(Q_MIN_PROGRAMS, tiles), k // Q_MIN_KC)
+    kc = cdiv(cdiv(k, want), bk) * bk
+    return cdiv(k, kc), kc
+
+
 def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped, hilo=False):
     m, k = x.shape
     n = w.shape[-2]
     data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
     if grouped:
         te, t0, t1, nt = tiles
-        bm, bn, bk = _tiles_for(0, True) if batch_invariant else _tiles_for(m, False)
+        bm, bn, bk = _grouped_tile(m, w.shape[0], batch_invariant)
     else:
         bm, bn, bk = _tiles_for(m, batch_invariant)
         te = t0 = t1 = x
         nt = cdiv(m, bm)
-    split, kc = bi_split(n, k, w.shape[0] if grouped else 1) if batch_invariant else (1, k)
+    if batch_invariant:
+        split, kc = bi_split(n, k, w.shape[0] if grouped else 1)
+    elif w.format != "dense" and (cdiv(m, w.shape[0]) if grouped else m) <= Q_MAX_M:
+        bn = 64
+        split, kc = fill_split(cdiv(n, bn) * (min(w.shape[0], m) if grouped else nt), k, bk)
+    else:
+        split, kc = 1, k
     out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _gemm_kernel[(nt, cdiv(n, bn), split)](
         x, data, scale, bias if bias is not None else x, out, te, t0, t1, m, n, k, kc, x.stride(0),
@@ -232,6 +291,12 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,
         raise ValueError(f"grouped_linear: x {tuple(x.shape)}, weight {w.shape}, "
                          f"{group_sizes.numel()} groups do not fit (W is [E, N, K], one size per E)")
     check(group_sizes.sum() == m, f"grouped_linear: group_sizes must sum to M={m}")
+    return _grouped(x, w, group_sizes, None, batch_invariant, out_dtype, weight_dtype)
+
+
+def _grouped(x, w: Weight, group_sizes, tiles, batch_invariant, out_dtype=None, weight_dtype=None):
+    """grouped_linear without the size check; `tiles` (group_tiles of these sizes) may be shared."""
+    m = x.shape[0]
     y = torch.empty(m, w.shape[-2], dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or y.shape[1] == 0:
         return y
@@ -239,9 +304,9 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,
     wdt = torch.bfloat16 if hilo else x.dtype
     if w.format == "dense" and w.data.dtype != wdt:
         w = Weight("dense", w.data.to(wdt), None, w.shape)
-    bm = (BI_TILE if batch_invariant else _tiles_for(m, False))[0]
-    return _launch(x.contiguous(), w, None, y, group_tiles(group_sizes, m, bm), batch_invariant, True,
-                   hilo)
+    if tiles is None:
+        tiles = group_tiles(group_sizes, m, _grouped_tile(m, w.shape[0], batch_invariant)[0])
+    return _launch(x.contiguous(), w, None, y, tiles, batch_invariant, True, hilo)
 
 
 def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit=None, *,
@@ -256,14 +321,16 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     order = torch.argsort(flat, stable=True)
     sizes = torch.zeros(e, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
     xs = x[order // k]
-    h = grouped_linear(xs, w13, sizes, batch_invariant=batch_invariant, out_dtype=torch.float32)
+    # both GEMMs have t * k rows in the same groups: one tile map (built on the device) serves both
+    tiles = group_tiles(sizes, t * k, _grouped_tile(t * k, e, batch_invariant)[0]) if t else None
+    h = _grouped(xs, w13, sizes, tiles, batch_invariant, out_dtype=torch.float32)
     inter = h.shape[1] // 2
     g, u = h[:, :inter], h[:, inter:]
     if swiglu_limit is not None:
         g = g.clamp(max=swiglu_limit)
         u = u.clamp(-swiglu_limit, swiglu_limit)
     a = torch.nn.functional.silu(g) * u
-    y = grouped_linear(a, w2, sizes, batch_invariant=batch_invariant, weight_dtype=x.dtype)
+    y = _grouped(a, w2, sizes, tiles, batch_invariant, weight_dtype=x.dtype)
     ys = torch.empty_like(y)
     ys[order] = y
     ys = ys.view(t, k, -1)

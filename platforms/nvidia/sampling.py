@@ -11,7 +11,12 @@ import triton
 import triton.language as tl
 
 from shuili.hal import noise
-from shuili.platforms.nvidia.common import capturing, desc_key, pow2
+from shuili.platforms.nvidia.common import capturing, cdiv, desc_key, pow2
+
+
+# The noise argmax cuts a row of V ids into chunks of CHUNK (a constant, never derived from B), so a
+# wide vocabulary spreads over B * cdiv(V, CHUNK) programs instead of B.
+CHUNK = 4096
 
 
 @triton.jit
@@ -59,11 +64,13 @@ def _mix(h, k):
 
 
 @triton.jit
-def _gumbel_argmax_kernel(lp_ptr, keep_ptr, seed_ptr, pos_ptr, out_ptr, V, HAS_KEEP: tl.constexpr,
-                          BLOCK: tl.constexpr):
-    """argmax over ids of lp + gumbel(seed, position, id), ties to the lowest id; the noise is
-    shuili.hal.noise's MurmurHash3 (uint32 arithmetic wraps exactly as the spec's mod 2^32)."""
+def _gumbel_argmax_kernel(lp_ptr, keep_ptr, seed_ptr, pos_ptr, best_ptr, arg_ptr, V, NC,
+                          HAS_KEEP: tl.constexpr, CH: tl.constexpr, BLOCK: tl.constexpr):
+    """Per (row, chunk of CH ids): the max of lp + gumbel(seed, position, id) and its lowest id.
+    The noise is shuili.hal.noise's MurmurHash3 (uint32 arithmetic wraps exactly as the spec's
+    mod 2^32)."""
     row = tl.program_id(0).to(tl.int64)
+    ch = tl.program_id(1)
     seed = tl.load(seed_ptr + row)
     pos = tl.load(pos_ptr + row)
     h0 = tl.full([BLOCK], 0x5348554C, tl.uint32)
@@ -74,7 +81,7 @@ def _gumbel_argmax_kernel(lp_ptr, keep_ptr, seed_ptr, pos_ptr, out_ptr, V, HAS_K
     c = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float64)
     arg = tl.full([BLOCK], 2147483647, tl.int32)
-    for v0 in range(0, V, BLOCK):
+    for v0 in range(ch * CH, ch * CH + CH, BLOCK):
         ids = v0 + c
         ok = ids < V
         h = _mix(h0, ids.to(tl.uint32)) ^ 20
@@ -82,7 +89,8 @@ def _gumbel_argmax_kernel(lp_ptr, keep_ptr, seed_ptr, pos_ptr, out_ptr, V, HAS_K
         h = (h ^ (h >> 13)) * 0xC2B2AE35
         h = h ^ (h >> 16)
         u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10
-        score = tl.load(lp_ptr + row * V + ids, mask=ok, other=float("-inf")).to(tl.float64) - tl.log(-tl.log(u))
+        lp = tl.load(lp_ptr + row * V + ids, mask=ok, other=0.0)
+        score = lp.to(tl.float64) - tl.log(-tl.log(u))
         if HAS_KEEP:
             ok = ok & (tl.load(keep_ptr + row * V + ids, mask=ok, other=0) != 0)
         score = tl.where(ok, score, float("-inf"))
@@ -90,22 +98,30 @@ def _gumbel_argmax_kernel(lp_ptr, keep_ptr, seed_ptr, pos_ptr, out_ptr, V, HAS_K
         best = tl.where(better, score, best)
         arg = tl.where(better, ids, arg)
     top = tl.max(best, axis=0)
-    tl.store(out_ptr + row, tl.min(tl.where(best == top, arg, 2147483647), axis=0).to(tl.int64))
+    tl.store(best_ptr + row * NC + ch, top)
+    tl.store(arg_ptr + row * NC + ch, tl.min(tl.where(best == top, arg, 2147483647), axis=0))
 
 
 _FUSED = {"ok": True}  # flips to False if the fused kernel fails to build on this stack
 
 
 def _gumbel_argmax(lp, keep, seeds, positions):
+    """argmax over ids of lp + gumbel, ties to the lowest id. Chunks keep their own (max, lowest
+    id); the max of float64 maxima is exact, so the pick equals a single pass over the row."""
     b, v = lp.shape
     if _FUSED["ok"]:
-        out = torch.empty(b, dtype=torch.int64, device=lp.device)
+        nc = cdiv(v, CHUNK)
+        best = torch.empty(b, nc, dtype=torch.float64, device=lp.device)
+        arg = torch.empty(b, nc, dtype=torch.int32, device=lp.device)
+        blk = min(1024, pow2(v, 16))
         try:
-            _gumbel_argmax_kernel[(b,)](lp.contiguous(), keep if keep is not None else lp,
-                                        seeds.to(torch.int64).contiguous(),
-                                        positions.to(torch.int64).contiguous(), out, v,
-                                        HAS_KEEP=keep is not None, BLOCK=1024, num_warps=4)
-            return out
+            _gumbel_argmax_kernel[(b, nc)](lp.contiguous(), keep if keep is not None else lp,
+                                           seeds.to(torch.int64).contiguous(),
+                                           positions.to(torch.int64).contiguous(), best, arg, v, nc,
+                                           HAS_KEEP=keep is not None, CH=CHUNK, BLOCK=blk,
+                                           num_warps=4 if blk >= 1024 else 1)
+            top = best.max(dim=1, keepdim=True).values
+            return torch.where(best == top, arg, 2147483647).min(dim=1).values.to(torch.int64)
         except Exception:  # compile failure: the torch path computes the same function
             _FUSED["ok"] = False
     score = lp.to(torch.float64) + noise.gumbel(seeds[:, None], positions[:, None],
@@ -140,7 +156,9 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, *, all_gr
     """The hints replace `.any()` reads of device tensors: without them each is a host sync."""
     b, v = logits.shape
     x = logits.to(torch.float32)
-    greedy = torch.argmax(x, dim=1)
+    greedy = torch.argmax(x, dim=1) if v else torch.zeros(b, dtype=torch.int64, device=x.device)
+    if b == 0 or v == 0:
+        return greedy
     sampled = temperature != 0
     graph = capturing()  # a graph records every path: no host reads, no shortcuts
     if not graph and (all_greedy or (all_greedy is None and not bool(sampled.any()))):

@@ -454,3 +454,72 @@ def test_log_softmax_and_sample(device):
                presence=torch.full((b,), 0.3), frequency=torch.full((b,), 0.1))
     got = sampling.apply_penalties(**{k: t.to(device) for k, t in pen.items()})
     assert rel(got, REF["apply_penalties"](**pen)) < 1e-7
+
+
+def test_sample_wide_vocab_chunks(device):
+    """Vocabularies over several CHUNKs of the noise argmax: the reference's tokens with and without
+    a filter, and a filter that keeps everything picks what no filter picks."""
+    b, v = 5, 2 * sampling.CHUNK + 77
+    lg = rnd(b, v, seed=95, std=4.0)
+    lg[1, sampling.CHUNK + 3] = 40.0  # a clear winner in the second chunk
+    lg[2] = 0.0  # every id ties on the logits: the noise alone decides
+    assert rel(sampling.log_softmax(lg.to(device)), REF["log_softmax"](lg)) < 1e-6
+    args = dict(logits=lg, temperature=torch.tensor([0.8, 1.0, 1.0, 0.0, 1.7]),
+                top_k=torch.zeros(b, dtype=torch.int32), top_p=torch.ones(b), min_p=torch.zeros(b),
+                seeds=torch.arange(b) * 104729 + 11, positions=torch.arange(b) + 7)
+    want = REF["sample"](**args)
+    fast = sampling.sample(**{k: t.to(device) for k, t in args.items()}, all_greedy=False, any_filter=False)
+    assert torch.equal(fast.cpu(), want)
+    keep_all = dict(args, top_k=torch.full((b,), v, dtype=torch.int32))
+    slow = sampling.sample(**{k: t.to(device) for k, t in keep_all.items()}, all_greedy=False, any_filter=True)
+    assert torch.equal(slow.cpu(), fast.cpu())
+    # negative control: another seed moves at least one sampled row
+    moved = sampling.sample(**{k: t.to(device) for k, t in dict(args, seeds=args["seeds"] + 1).items()},
+                            all_greedy=False, any_filter=False)
+    assert not torch.equal(moved.cpu(), fast.cpu())
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block128", "mxfp4"])
+def test_quantized_decode_split_k(device, fmt, monkeypatch):
+    """Default mode cuts K for quantized weights at decode sizes (fill_split); the split result
+    stays within tolerance of the reference, plain and grouped, and is the same run to run."""
+    monkeypatch.setattr(gemm, "Q_MIN_KC", 64)
+    monkeypatch.setattr(gemm, "Q_MIN_PROGRAMS", 16)
+    assert gemm.fill_split(2, 320, 64) == (5, 64) and gemm.fill_split(16, 320, 64) == (1, 320)
+    w = weight(fmt, (40, 320), seed=25)
+    x, bias = rnd(9, 320, seed=26), rnd(40, seed=27)
+    want = REF["linear"](x, on(w, "cpu", torch.float32), bias)
+    wd = on(w, device, torch.float32)
+    got = gemm.linear(x.to(device), wd, bias.to(device))
+    assert rel(got, want) < TOL[torch.float32]
+    assert torch.equal(got, gemm.linear(x.to(device), wd, bias.to(device)))
+    sizes = torch.tensor([3, 0, 5, 1])
+    wg = weight(fmt, (4, 64, 256), seed=28)
+    xg = rnd(9, 256, seed=29)
+    got = gemm.grouped_linear(xg.to(device), on(wg, device, torch.float32), sizes.to(device))
+    assert rel(got, REF["grouped_linear"](xg, wg, sizes)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("fmt", ["none", "mxfp4"])
+def test_indexer_topk_short_rows_of_a_long_table(device, fmt):
+    """A short sequence batched with a long one: its programs past its visible keys skip the keys
+    (the grid spans the longest table) and it still gets the reference's ids, -1 padded."""
+    gen = g(61)
+    bs, ratio, h, dk, topk = 16, 4, 4, 64, 8
+    toks, ents = [700, 9], [175, 2]
+    blocks = [math.ceil(e / bs) for e in ents]
+    pool = sum(blocks)
+    table = torch.full((2, max(blocks)), -1, dtype=torch.int32)
+    table[0, :blocks[0]] = torch.arange(blocks[0], dtype=torch.int32)
+    table[1, :blocks[1]] = torch.arange(blocks[0], pool, dtype=torch.int32)
+    qsl = torch.tensor([0, 2, 3], dtype=torch.int32)
+    pos = torch.tensor([698, 699, 8])
+    # small integers: exact scores on every device, ties included
+    rows = torch.randint(-2, 3, (pool * bs, dk), generator=gen).float()
+    k_cache = rows.view(pool, bs, dk) if fmt == "none" else REF["kv_quantize"](rows, fmt).view(pool, bs, -1)
+    q = torch.randint(-2, 3, (3, h, dk), generator=gen).float()
+    w = torch.randint(0, 3, (3, h), generator=gen).float()
+    args = (q, w, k_cache, table, qsl, pos, ratio, topk, fmt)
+    got = indexer.indexer_topk(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args]).cpu()
+    assert torch.equal(got, REF["indexer_topk"](*args))
+    assert (got[2, 2:] == -1).all() and (got[2, :2] >= 0).all()
