@@ -29,6 +29,7 @@ OPS: dict[str, object] = {
     "indexer_topk": indexer.indexer_topk,
     "all_reduce": collectives.all_reduce,
     "all_gather": collectives.all_gather,
+    "all_to_all": collectives.all_to_all,
 }
 
 OPS.update(SAMPLING_OPS)  # log_softmax, apply_penalties, sample (sampling.py, the core helper's)
