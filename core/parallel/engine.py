@@ -93,6 +93,11 @@ class ParallelEngine(Engine):
 
     # ------------------------------------------------------------------------ start-up
     def _start(self, config: EngineConfig, device: str) -> World:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            raise RuntimeError("this process already belongs to a parallel engine (torch.distributed is "
+                               "initialised); close() that engine before starting another")
         env = torchrun_env()
         size = config.world_size
         if env is not None:
@@ -134,8 +139,8 @@ class ParallelEngine(Engine):
     def _guard(self, fn, *args):
         if self.failed:
             raise WorkerDied(self.failed)
-        self.world.check_alive()
         try:
+            self.world.check_alive()
             return fn(*args)
         except WorkerDied as exc:
             self.failed = str(exc)
@@ -196,6 +201,8 @@ class ParallelEngine(Engine):
 
     # ------------------------------------------------------------------------ step
     def step_requests(self) -> list[Request]:
+        if self.failed:
+            raise WorkerDied(self.failed)
         self.num_steps += 1
         t0 = time.thread_time()
         outs = [s.schedule() for s in self.schedulers]
@@ -205,9 +212,15 @@ class ParallelEngine(Engine):
         hosts = [self.runner.host_inputs(o) for o in outs]
         payload = [(arrays, flags, len(o.chunks), max((r.req.params.top_logprobs for r in h.sample_rows), default=0))
                    for o, (h, arrays, flags) in zip(outs, hosts)]
-        self._control(("step", payload))
-        mine = self._guard(run_step, self.runner, True, payload[0])
-        results = self._collect(mine)
+        try:
+            self._control(("step", payload))
+            mine = self._guard(run_step, self.runner, True, payload[0])
+            results = self._collect(mine)
+        except WorkerDied as exc:  # the step's requests end with the error; the engine stays failed
+            for s, o in zip(self.schedulers, outs):
+                if o:
+                    s.fail(o, str(exc))
+            raise
         touched: list[Request] = []
         for d, (o, (h, _, _)) in enumerate(zip(outs, hosts)):
             if not o:

@@ -66,6 +66,8 @@ class ParallelV4Model(DeepseekV4Model):
     def forward(self, batch: ForwardBatch, keep_hidden: bool = False) -> torch.Tensor:
         if not self.caches:
             raise RuntimeError("bind_caches() must be called before forward()")
+        if batch.input_ids.numel() == 0:  # an idle DP group: only its part in the EP exchanges
+            return self._idle()
         meta = _Meta(self, batch)
         h = self._embed(batch.input_ids)
         x = h[:, None, :].expand(-1, self.cfg.hc_mult, -1).contiguous()
@@ -73,6 +75,15 @@ class ParallelV4Model(DeepseekV4Model):
             x = self._block(blk, i, x, meta, batch.input_ids)
         self.last_hidden = x if keep_hidden else None
         return self._logits(x[batch.logits_indices], self.hc_head, self.norm)
+
+    def _idle(self) -> torch.Tensor:
+        if self.placement is not None:
+            k, dev = self.cfg.num_experts_per_tok, self.device
+            x = torch.zeros(0, self.cfg.hidden_size, dtype=self.dtype, device=dev)
+            for blk in self.blocks:
+                self._ep_experts(blk.ffn, x, torch.zeros(0, k, dtype=torch.int64, device=dev),
+                                 torch.zeros(0, k, dtype=torch.float32, device=dev))
+        return torch.zeros(0, self.vocab_size, dtype=torch.float32, device=self.device)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         ops, g = self.ops, self.g
@@ -150,7 +161,7 @@ class ParallelV4Model(DeepseekV4Model):
         back = ops.all_to_all(out, recv, send, g.ep_group)
         per_pair = torch.empty(t * k, x.shape[1], dtype=back.dtype, device=x.device)
         per_pair[order] = back
-        per_pair = per_pair.view(t, k, -1).float()
+        per_pair = per_pair.view(t, k, x.shape[1]).float()
         y = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
         for j in range(k):
             y = y + w[:, j:j + 1] * per_pair[:, j]
