@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing as mp
+import os
 import sys
 import time
 
@@ -63,7 +64,8 @@ def _device_count(device: str) -> int | None:
     if kind == "cuda":
         return torch.cuda.device_count()
     if kind == "npu":
-        return torch.npu.device_count()  # noqa: the torch_npu device module
+        npu = getattr(torch, "npu", None)  # registered by torch_npu
+        return npu.device_count() if npu is not None else None
     return None  # CPU ranks are processes: any number fits (slowly)
 
 
@@ -79,6 +81,10 @@ class ParallelEngine(Engine):
             from shuili.core.models.deepseek_v4_config import named
 
             check_fits(config, named(config.model), _device_count(platform.device))
+        elif os.path.isdir(config.model):
+            from shuili.core.models.deepseek_v4_loader import read_config
+
+            check_fits(config, read_config(config.model), _device_count(platform.device))
         self.world = self._start(config, platform.device)
         self.failed: str | None = None
         super().__init__(config, model=self._rank_model)
