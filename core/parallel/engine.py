@@ -243,7 +243,7 @@ class ParallelEngine(Engine):
     def expert_load(self) -> torch.Tensor:
         """int64 [L, E]: pairs routed to each expert on all ranks since the last call (counters reset)."""
         self._control(("load",))
-        mine = self.model.expert_load.clone()
+        mine = self.model.expert_load.cpu()
         self.model.expert_load.zero_()
         return sum(self._collect(mine))
 

@@ -46,7 +46,9 @@ class ParallelV4Model(DeepseekV4Model):
         for i, blk in enumerate(self.blocks):
             blk.ffn.layer = i  # the MoE needs its layer for the placement and the counters
         E = plan.cfg.n_routed_experts
-        self.expert_load = torch.zeros(len(self.blocks), E, dtype=torch.int64)  # pairs routed, since reset
+        # pairs routed per expert since the last reset (EP only: EPLB needs EP); on the device, so
+        # counting never syncs the host
+        self.expert_load = torch.zeros(len(self.blocks), E, dtype=torch.int64, device=device)
         self.set_placement(placement)
 
     # ---------------------------------------------------------------- placement (EPLB)
@@ -115,7 +117,6 @@ class ParallelV4Model(DeepseekV4Model):
         if self.placement is None:  # experts split along I by TP: partial sums, one all_reduce
             y = ops.moe_experts(x, idx, w, p.w13, p.w2, cfg.swiglu_limit)
             y = self._shared(p, x, y)
-            self._count_load(p.layer, idx)
             return y if g.tp == 1 else ops.all_reduce(y, g.tp_group)
         # EP: the TP ranks hold the same tokens; each dispatches its own slice of them
         T = x.shape[0]
@@ -137,7 +138,7 @@ class ParallelV4Model(DeepseekV4Model):
         return y + ops.linear(ops.swiglu(gu, self.cfg.swiglu_limit), p.shared_w2)
 
     def _count_load(self, layer: int, idx: torch.Tensor) -> None:
-        self.expert_load[layer] += torch.bincount(idx.reshape(-1).cpu(), minlength=self.expert_load.shape[1])
+        self.expert_load[layer] += torch.bincount(idx.reshape(-1), minlength=self.expert_load.shape[1])
 
     def _ep_experts(self, p: Moe, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """Dispatch each (token, j) pair to a slot of its expert, run it there, bring it back and

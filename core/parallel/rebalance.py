@@ -24,7 +24,7 @@ def transfer_plan(old: Placement, new: Placement, layer: int) -> list[tuple[int,
             raise ValueError(f"layer {layer}: expert {e} has no slot in the current placement")
         p = first[e]
         moves.append((p // S0, p % S0, q // S1, q % S1))
-    return sorted(moves)
+    return sorted(moves, key=lambda m: (m[0], m[2], m[3]))  # rows to each rank in its slot order
 
 
 def _exchange(ops, t: torch.Tensor, moves, rank: int, ranks: int, slots: int, group) -> torch.Tensor:

@@ -88,7 +88,7 @@ class RankRuntime:
 
                 apply_placement(self.model, msg[1], self.world.groups)
             elif kind == "load":
-                w.gather(self.model.expert_load.clone())
+                w.gather(self.model.expert_load.cpu())
                 self.model.expert_load.zero_()
             else:
                 raise RuntimeError(f"unknown control message {kind!r}")

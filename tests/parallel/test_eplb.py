@@ -46,7 +46,7 @@ def test_contiguous_rejects_sizes_that_do_not_divide():
 # ------------------------------------------------------------------------------- in the engine
 BASE = dict(model="tiny-v4", platform="reference", num_blocks=32, max_num_seqs=4, enable_prefix_caching=False,
             data_parallel_size=2, enable_expert_parallel=True, enable_eplb=True, num_redundant_experts=2,
-            eplb_step_interval=10_000)
+            eplb_step_interval=3)  # rebalances by itself during the first run
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [100, 200, 300], [7] * 5]
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
@@ -61,10 +61,20 @@ def _run(eng):
 def test_rebalancing_changes_no_output_bit():
     from shuili.core.parallel.engine import ParallelEngine
 
+    from shuili.core.api import LLM
+
+    one = _run(LLM(**{k: v for k, v in BASE.items() if k in ("model", "platform", "num_blocks", "max_num_seqs",
+                                                             "enable_prefix_caching")}).engine)
     eng = ParallelEngine(EngineConfig(**BASE))
     try:
-        first = _run(eng)
+        start = eng.model.placement.phys2log.clone()
+        first = _run(eng)  # steps 3, 6, ... rebalanced between steps, mid-generation
+        assert eng.num_steps >= 3 and not torch.equal(eng.model.placement.phys2log, start), \
+            "no automatic rebalance happened; nothing was tested"
+        assert all(a[0] == b[0] and torch.equal(a[1], b[1]) for a, b in zip(first, one)), \
+            "rebalancing mid-generation changed bits against one process"
         before = eng.model.placement.phys2log.clone()
+        _run(eng)
         load = eng.expert_load()
         assert int(load.sum()) > 0
         placed = eng.rebalance()  # planned from the routing counters
