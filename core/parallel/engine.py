@@ -129,8 +129,17 @@ class ParallelEngine(Engine):
                                 args=(r, size, init, config.model_dump_json(), torch.get_num_threads()))
                 p.start()
                 procs.append(p)
-        world = init_world(0, size, config.tensor_parallel_size, config.data_parallel_size,
-                           config.enable_expert_parallel, device, config.distributed_timeout_s, init)
+        try:
+            world = init_world(0, size, config.tensor_parallel_size, config.data_parallel_size,
+                               config.enable_expert_parallel, device, config.distributed_timeout_s, init)
+        except Exception as exc:  # a worker that died before joining: name it, not the store timeout
+            dead = [(r + 1, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None]
+            for p in procs:
+                p.terminate()
+            if dead:
+                raise WorkerDied(f"parallel workers {dead} (rank, exit code) died while starting; see their "
+                                 "errors above") from exc
+            raise
         world.procs = procs
         return world
 
