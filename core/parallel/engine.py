@@ -26,6 +26,7 @@ from shuili.core.parallel.worker import RankRuntime, run_step, worker_main
 from shuili.core.request import Request
 from shuili.core.scheduler import Scheduler, StepOutput
 from shuili.hal import resolve_platform
+from shuili.hal.distributed import device_count
 
 log = logging.getLogger("shuili.parallel")
 
@@ -59,16 +60,6 @@ def check_fits(config: EngineConfig, cfg, device_count: int | None) -> None:
                          "(docs/parallel.md)")
 
 
-def _device_count(device: str) -> int | None:
-    kind = torch.device(device).type
-    if kind == "cuda":
-        return torch.cuda.device_count()
-    if kind == "npu":
-        npu = getattr(torch, "npu", None)  # registered by torch_npu
-        return npu.device_count() if npu is not None else None
-    return None  # CPU ranks are processes: any number fits (slowly)
-
-
 class ParallelEngine(Engine):
     def __init__(self, config: EngineConfig, model=None):
         if model is not None:
@@ -80,11 +71,11 @@ class ParallelEngine(Engine):
         if config.model in V4_NAMES:
             from shuili.core.models.deepseek_v4_config import named
 
-            check_fits(config, named(config.model), _device_count(platform.device))
+            check_fits(config, named(config.model), device_count(platform.device))
         elif os.path.isdir(config.model):
             from shuili.core.models.deepseek_v4_loader import read_config
 
-            check_fits(config, read_config(config.model), _device_count(platform.device))
+            check_fits(config, read_config(config.model), device_count(platform.device))
         self.world = self._start(config, platform.device)
         self.failed: str | None = None
         super().__init__(config, model=self._rank_model)

@@ -16,18 +16,15 @@ import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import torch
-
 from shuili.core.parallel.model import Groups
+from shuili.hal.distributed import backend_for, bind_device
 
 log = logging.getLogger("shuili.parallel")
 
 IDLE_TIMEOUT = timedelta(days=7)  # the control group: workers wait there between requests
 
-
 class WorkerDied(RuntimeError):
     """A rank of the parallel engine exited or stopped answering; the engine cannot go on."""
-
 
 @dataclass
 class World:
@@ -82,12 +79,6 @@ class World:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-def backend_for(device: str) -> str:
-    kind = torch.device(device).type
-    return {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}.get(kind, "gloo")
-
-
 def init_world(rank: int, size: int, tp: int, dp: int, expert_parallel: bool, device: str,
                timeout_s: float, init_method: str | None) -> World:
     """init_process_group plus the TP groups (every rank creates every group, in the same order)."""
@@ -95,8 +86,7 @@ def init_world(rank: int, size: int, tp: int, dp: int, expert_parallel: bool, de
 
     backend = backend_for(device)
     timeout = timedelta(seconds=timeout_s)
-    if backend != "gloo" and torch.device(device).type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % max(1, torch.cuda.device_count()))))
+    bind_device(device, int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
     control = dist.new_group(list(range(size)), backend="gloo", timeout=IDLE_TIMEOUT)
     tp_group = None
@@ -110,13 +100,11 @@ def init_world(rank: int, size: int, tp: int, dp: int, expert_parallel: bool, de
                     ep_group=None)  # None = the world: EP spans every rank
     return World(rank, size, tp, dp, groups, control)
 
-
 def torchrun_env() -> tuple[int, int] | None:
     """(rank, world size) when launched by torchrun (or any launcher setting the env:// variables)."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return None
-
 
 def free_port() -> int:
     with socket.socket() as s:
