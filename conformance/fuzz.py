@@ -514,6 +514,20 @@ def gen_all_gather(rng: Rng, **_) -> Case:
     return case
 
 
+def gen_all_to_all(rng: Rng, **_) -> Case:
+    # one rank here: the rows come back as sent; tests/parallel runs 2 and 4 gloo ranks
+    t = rng.size()
+    case = Case("all_to_all", 0, {"x": rng.normal(t, rng.choice([8, 64])), "send_counts": [t],
+                                  "recv_counts": [t], "group": None}, ("x",), t, params={"T": t, "ranks": 1})
+
+    def split(i: int):
+        kw = dict(case.kwargs, x=case.kwargs["x"].narrow(0, i, 1), send_counts=[1], recv_counts=[1])
+        return kw, lambda outs: [o.narrow(0, i, 1) for o in outs], lambda outs: outs
+
+    case.split = split
+    return case
+
+
 GENERATORS: dict[str, Callable[..., Case]] = {
     name[len("gen_"):]: fn for name, fn in globals().items() if name.startswith("gen_")
 }

@@ -108,7 +108,9 @@ class LLM:
             fields["platform"] = platform
         if config is None:
             config = EngineConfig(**fields)
-        self.engine = Engine(config, model=obj)
+        from shuili.core.parallel import engine_class
+
+        self.engine = engine_class(config)(config, model=obj)
 
     @property
     def tokenizer(self):

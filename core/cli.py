@@ -96,6 +96,16 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="prepare step N+1 on the host while step N runs")
     p.add_argument("--enforce-eager", action="store_true", default=None,
                    help="never replay decode steps as device graphs")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                   help="ranks splitting attention heads and the vocabulary head " + default("tensor_parallel_size"))
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=None,
+                   help="schedulers, each over its own TP group " + default("data_parallel_size"))
+    p.add_argument("--enable-expert-parallel", action="store_true", default=None,
+                   help="place routed experts over all TP x DP ranks (docs/parallel.md)")
+    p.add_argument("--enable-eplb", action="store_true", default=None,
+                   help="rebalance expert placement from routing load (with --enable-expert-parallel)")
+    p.add_argument("--num-redundant-experts", type=int, default=None,
+                   help="EPLB: extra expert slots in total " + default("num_redundant_experts"))
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (results do not depend on it; 1 is fastest for the "
                         "reference platform's small tiled GEMMs on a busy machine; unset: torch's choice)")
@@ -107,6 +117,9 @@ def _config(args):
     over = {"platform": args.platform, "model": args.model, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
             "tokens_per_block": args.block_size, "num_blocks": args.num_blocks, "overlap": args.overlap, "enforce_eager": args.enforce_eager}
+    for name in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "enable_eplb",
+                 "num_redundant_experts"):
+        over[name] = getattr(args, name, None)
     if args.config:
         return EngineConfig.from_file(args.config, **over)
     return EngineConfig(**{k: v for k, v in over.items() if v is not None})

@@ -5,7 +5,8 @@ import os
 import tomllib
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from shuili.core.errors import ReadableErrors, format_validation_error, read_json
 from shuili.core.models import DEFAULT_MODEL
@@ -13,7 +14,8 @@ from shuili.hal import PlatformConfig
 
 
 _AT_LEAST = {"max_num_seqs": 1, "max_num_batched_tokens": 1, "tokens_per_block": 1, "kv_cache_bytes": 1,
-             "num_blocks": 1, "max_model_len": 2}
+             "num_blocks": 1, "max_model_len": 2, "tensor_parallel_size": 1, "data_parallel_size": 1,
+             "num_redundant_experts": 0, "eplb_step_interval": 1}
 
 
 class EngineConfig(ReadableErrors, BaseModel):
@@ -35,6 +37,17 @@ class EngineConfig(ReadableErrors, BaseModel):
     enforce_eager: bool = Field(False, description="never replay decode steps as device graphs (graphs "
                                 "are used where the platform and the model support them)")
     policy: Literal["fcfs", "priority"] = "fcfs"
+    # parallelism (core/parallel/, docs/parallel.md); vLLM's flag names
+    tensor_parallel_size: int = Field(1, description="TP: attention heads, output projections and the "
+                                      "vocabulary head split over this many ranks")
+    data_parallel_size: int = Field(1, description="DP: this many schedulers, each with its own TP group")
+    enable_expert_parallel: bool = Field(False, description="EP: routed experts spread over all "
+                                         "TP x DP ranks (else split along the intermediate dim by TP)")
+    enable_eplb: bool = Field(False, description="rebalance expert placement from routing load (needs EP)")
+    num_redundant_experts: int = Field(0, description="EPLB: extra physical expert slots in total")
+    eplb_step_interval: int = Field(64, description="EPLB: engine steps between rebalancing")
+    distributed_timeout_s: float = Field(60.0, description="a collective that waits longer than this fails "
+                                         "the engine (a dead or stuck worker)")
 
     @field_validator("platform", mode="before")
     @classmethod
@@ -51,6 +64,21 @@ class EngineConfig(ReadableErrors, BaseModel):
         if v is not None and v < low:
             raise ValueError(f"must be >= {low}")
         return v
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    @model_validator(mode="after")
+    def _parallel(self):
+        if self.world_size > 1 and self.overlap:
+            raise ValueError("overlap with tensor_parallel_size or data_parallel_size > 1 is not supported "
+                             "yet: drop --overlap")
+        if self.enable_eplb and not self.enable_expert_parallel:
+            raise ValueError("enable_eplb needs enable_expert_parallel (EPLB places experts over EP ranks)")
+        if self.num_redundant_experts and not self.enable_eplb:
+            raise ValueError("num_redundant_experts needs enable_eplb")
+        return self
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "EngineConfig":

@@ -106,6 +106,15 @@ class ModelRunner:
 
     def build_batch(self, out: SchedulerOutput, prev: StepResult | None = None) -> Step:
         """ForwardBatch plus which logits rows are samples / prompt logprobs; one upload."""
+        h, arrays, flags = self.host_inputs(out, prev)
+        step = self.device_step(arrays, flags, len(out.chunks), h)
+        if self.engram_lookback:
+            self._engram_prefetch(out)
+        return step
+
+    def host_inputs(self, out: SchedulerOutput, prev: StepResult | None = None) -> tuple[HostStep, dict, dict]:
+        """The step's inputs as host arrays (name -> (list, dtype)) and sampling flags: all a rank
+        needs to run the step (core/parallel broadcasts them), plus the HostStep's request rows."""
         h = HostStep(tables={g.name: [] for g in self.groups},
                      slots={g.name: [] for g in self.groups if g.kind != "compressed"})
         for c in out.chunks:
@@ -131,23 +140,31 @@ class ModelRunner:
         if self.engram_lookback:
             arrays["engram_history"] = (h.engram_history, i64)
         flags = self._sampling_arrays(arrays, h.sample_rows, prev)
+        return h, arrays, flags
+
+    def device_step(self, arrays: dict, flags: dict, num_chunks: int, h: HostStep | None = None) -> Step:
+        """Upload `host_inputs`' arrays and build the Step (h None: a rank without the requests)."""
         dev = self.transfer.upload(arrays, self.device)
+        tables = [k[len("table."):] for k in arrays if k.startswith("table.")]
+        width = len(arrays["table." + tables[0]][0]) // num_chunks if num_chunks else 1
         batch = ForwardBatch(
             input_ids=dev["input_ids"], positions=dev["positions"],
             query_start_loc=dev["query_start_loc"], seq_lens=dev["seq_lens"],
             context_lens=dev["context_lens"],
-            block_tables={n: dev["table." + n].view(len(out.chunks), width) for n in h.tables},
-            slot_mapping={n: dev["slots." + n] for n in h.slots},
+            block_tables={n: dev["table." + n].view(num_chunks, width) for n in tables},
+            slot_mapping={k[len("slots."):]: v for k, v in dev.items() if k.startswith("slots.")},
             logits_indices=dev["logits_indices"], tokens_per_block=self.P,
-            query_start_loc_cpu=h.query_start_loc, seq_lens_cpu=h.seq_lens, context_lens_cpu=h.context_lens)
-        if self.engram_lookback:
+            query_start_loc_cpu=list(arrays["query_start_loc"][0]), seq_lens_cpu=list(arrays["seq_lens"][0]),
+            context_lens_cpu=list(arrays["context_lens"][0]))
+        if "engram_history" in arrays:
             batch.engram_history = dev["engram_history"].view(-1, self.engram_lookback)
-            batch.engram_history_cpu, batch.input_ids_cpu = h.engram_history, h.input_ids
-            self._engram_prefetch(out)
-        return Step(batch=batch, sample_rows=h.sample_rows, prompt_rows=h.prompt_rows, holes=h.holes,
+            batch.engram_history_cpu, batch.input_ids_cpu = arrays["engram_history"][0], arrays["input_ids"][0]
+        sampled = len(arrays["sample_idx"][0]) > 0
+        return Step(batch=batch, sample_rows=h.sample_rows if h else [], prompt_rows=h.prompt_rows if h else [],
+                    holes=h.holes if h else [],
                     sample_idx=dev["sample_idx"], prompt_idx=dev["prompt_idx"],
                     prompt_targets=dev["prompt_targets"], hole_rows=dev["hole_rows"], hole_src=dev["hole_src"],
-                    sampling=_sampling_batch(dev, flags) if h.sample_rows else None,
+                    sampling=_sampling_batch(dev, flags) if sampled else None,
                     fill_at=dev.get("pen.fill_at"), fill_src=dev.get("pen.fill_src"))
 
     def _sampling_arrays(self, arrays: dict, rows: list[SampleRow], prev: StepResult | None) -> dict:

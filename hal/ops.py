@@ -414,6 +414,20 @@ def all_gather(x: torch.Tensor, group: object | None = None, dim: int = 0) -> to
     """Concatenation of x from every rank of group along dim, in rank order. One rank: x."""
 
 
+@_op("collective", since="1.4")
+def all_to_all(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
+               group: object | None = None) -> torch.Tensor:
+    """Exchange rows between the ranks of group (None = the world): expert dispatch and combine.
+
+    x [N, ...] holds the rows for rank 0, then rank 1, ...: send_counts[r] rows for rank r (W host
+    ints, sum N). Returns [sum(recv_counts), ...] of x's dtype: the rows rank r sent to this rank,
+    for r = 0, 1, ... in rank order, each source's rows in the order it sent them; recv_counts[r]
+    must equal what rank r sends here (exchange counts first with a call on an int64 tensor [W]
+    and unit counts). Rows are copied, never combined, so every platform is bitwise exact. With
+    one rank: x itself (send_counts == recv_counts == [N]). Mismatched counts are an error.
+    """
+
+
 OP_NAMES: tuple[str, ...] = tuple(OP_SPECS)
 
 

@@ -5,6 +5,6 @@ Minor: ops were added; a plugin for an older minor resolves, missing the new ops
 a declared fallback).
 """
 HAL_API_VERSION = "1.4"  # 1.1: optional graph capture hook; 1.2: sample host hints; 1.3: optional transfer hook;
-# 1.4: indexer_select (the DeepSeek-V4.1 two-level indexer)
+# 1.4: indexer_select and engram_gate (DeepSeek-V4.1), all_to_all (expert dispatch/combine)
 HAL_API_MAJOR = int(HAL_API_VERSION.split(".")[0])
 HAL_API_MINOR = int(HAL_API_VERSION.split(".")[1])

@@ -105,11 +105,13 @@ _DEVICE_NORMAL_MIN = 1 << 20  # elements; tiny-v4's tensors all stay below it
 
 
 def random_params(cfg: V4Config, device: str = "cpu", dtype: str = "float32", seed: int = 0,
-                  with_mtp: bool = True) -> dict:
+                  with_mtp: bool = True, transform=None) -> dict:
     """Seeded random weights in schema order (one RNG stream, no per-expert Python loops), drawn
     on the CPU and then moved to `device`, so a seed is the same model on every device. What a
     default init leaves at zero is randomised too: sinks, ape, router bias, mHC bases, and
-    tid2eid (distinct experts per token)."""
+    tid2eid (distinct experts per token). transform(name, value), when given, replaces each value as
+    soon as it is drawn (a parallel rank keeps its shard only: core/parallel/sharding.py)."""
+    keep = transform or (lambda name, value: value)
     # a CUDA generator draws other numbers from the same seed: the reference (CPU) and a GPU
     # platform would then compare two different models
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -118,7 +120,7 @@ def random_params(cfg: V4Config, device: str = "cpu", dtype: str = "float32", se
     for name, sp in schema(cfg, with_mtp and cfg.num_nextn_predict_layers > 0).items():
         if sp.kind == "i64":
             r = torch.rand(sp.shape[0], cfg.n_routed_experts, generator=g)
-            out[name] = r.argsort(dim=-1)[:, : sp.shape[1]].contiguous().to(device)
+            out[name] = keep(name, r.argsort(dim=-1)[:, : sp.shape[1]].contiguous().to(device))
             continue
         # numerics.normal, not normal_: torch's normal transform has host-dependent bits, and a
         # random-weight model must be the same model on every host
@@ -135,7 +137,7 @@ def random_params(cfg: V4Config, device: str = "cpu", dtype: str = "float32", se
             t = numerics.normal(sp.shape, g, 0.0, 0.05, device=dev)
         else:
             t = numerics.normal(sp.shape, g, 0.0, std, device=dev)
-        out[name] = _as_param(t, sp, cfg, dt).to(device)
+        out[name] = keep(name, _as_param(t, sp, cfg, dt).to(device))
     return out
 
 

@@ -47,7 +47,11 @@ def _make_server(args):
     config = _config(args)
     if args.overlap is None:  # batch results are the same bits either way; overlap only saves time
         config = config.model_copy(update={"overlap": True})
-    engine = Engine(config)
+    from shuili.core.parallel import engine_class
+
+    if config.world_size > 1:  # overlap is not supported across ranks yet
+        config = config.model_copy(update={"overlap": False})
+    engine = engine_class(config)(config)
     return Server(engine, args.served_model_name or config.model, args.max_waiting)
 
 

@@ -41,6 +41,7 @@ KERNELS = {
     "sample": ("host torch", "host"),
     "all_reduce": ("HCCL; rank-ordered sum when deterministic", "collective"),
     "all_gather": ("HCCL all_gather", "collective"),
+    "all_to_all": ("HCCL all_to_all_single (rows copied)", "collective"),
 }
 _FORMATS = {"linear": _WEIGHTS, "grouped_linear": _WEIGHTS, "moe_experts": _WEIGHTS,
             "kv_quantize": _KV, "kv_dequantize": _KV, "sparse_attention": _KV_READ,

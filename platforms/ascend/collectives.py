@@ -52,4 +52,22 @@ def build(api, mode) -> dict:
         dist.all_reduce(y, group=group)
         return y
 
-    return {"all_reduce": all_reduce, "all_gather": all_gather}
+    def all_to_all(x, send_counts, recv_counts, group=None):
+        # torch.distributed.all_to_all_single over HCCL (no torch_npu op: the fused
+        # npu_alltoallv_gmm / npu_gmm_alltoallv of torch_npu_schemas.txt are a later optimisation)
+        from shuili.platforms.reference.public import check_counts
+
+        n = _world(group)
+        send, recv = check_counts(x, send_counts, recv_counts, n)
+        if n == 1:
+            if recv != send:
+                raise ValueError(f"all_to_all on one rank: recv_counts {recv} must equal send_counts {send}")
+            return x
+        import torch.distributed as dist
+
+        took("all_to_all:hccl")
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
+        return out
+
+    return {"all_reduce": all_reduce, "all_gather": all_gather, "all_to_all": all_to_all}

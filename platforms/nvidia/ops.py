@@ -37,6 +37,7 @@ PLAIN_OPS = {
     "sample": sampling.sample,
     "all_reduce": misc.all_reduce,
     "all_gather": misc.all_gather,
+    "all_to_all": misc.all_to_all,
 }
 
 

@@ -64,6 +64,7 @@ _CAPS = {
                "counter-based noise from shuili.hal.noise; exact rank keys"),
     "all_reduce": (_ACT, (), L.batch_invariant, L.batch_invariant, "fixed rank order"),
     "all_gather": (_ACT, (), L.batch_invariant, L.batch_invariant, "rank order"),
+    "all_to_all": (_ACT, (), L.batch_invariant, L.batch_invariant, "rows copied (NCCL all_to_all_single)"),
 }
 
 

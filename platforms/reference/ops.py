@@ -31,6 +31,7 @@ OPS: dict[str, object] = {
     "indexer_select": indexer.indexer_select,
     "all_reduce": collectives.all_reduce,
     "all_gather": collectives.all_gather,
+    "all_to_all": collectives.all_to_all,
 }
 
 OPS.update(SAMPLING_OPS)  # log_softmax, apply_penalties, sample (sampling.py, the core helper's)
