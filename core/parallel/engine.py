@@ -79,12 +79,12 @@ class ParallelEngine(Engine):
         self.world = self._start(config, platform.device)
         self.failed: str | None = None
         super().__init__(config, model=self._rank_model)
-        kv = [KVCacheManager(self.kv.groups, self.num_blocks, config.tokens_per_block, config.enable_prefix_caching)
+        kv = [KVCacheManager(self.kv.groups, self.pool_blocks, self.P, config.enable_prefix_caching)
               for _ in range(1, config.data_parallel_size)]
         self.schedulers = [self.scheduler] + [
             Scheduler(k, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, config.policy,
                       self.eos, self.tokenizer.decode) for k in kv]
-        self._control(("init", self.num_blocks))
+        self._control(("init", (self.pool_blocks, self.P)))
         self._collect("ready")
         atexit.register(self.close)
 

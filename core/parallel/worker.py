@@ -5,7 +5,7 @@ Rank 0 (the engine) schedules every DP group, builds each group's step inputs as
 shard of the model (the collectives inside tie the ranks together); the first rank of each TP
 group samples (its logits are the gathered, whole-vocabulary ones) and its results are gathered
 back to rank 0, which hands them to that group's scheduler. Messages on the control group:
-("init", num_blocks), ("step", [payload per DP group]), ("experts", placement), ("stop",).
+("init", (pool blocks, tokens per block)), ("step", [payload per DP group]), ("experts", placement), ("stop",).
 """
 from __future__ import annotations
 
@@ -40,13 +40,18 @@ def run_step(runner, lead: bool, payload):
     return tokens, logprobs, bad, prompt_lp, top
 
 
-def check_step_inputs(arrays: dict, num_blocks: int, P: int) -> None:
-    """A rank's integrity check of what it was sent: every slot and block id fits its caches."""
+def check_step_inputs(arrays: dict, num_blocks: int | dict[str, int], P: int) -> None:
+    """A rank's integrity check of what it was sent: every slot and block id fits its caches.
+    num_blocks: one count for every group, or per group name (core/kv_sizing.py)."""
     for name, (vals, _) in arrays.items():
-        if name.startswith("slots.") and vals and not -1 <= max(vals) < num_blocks * P:
-            raise RuntimeError(f"step input {name} holds slot {max(vals)} outside the {num_blocks * P} slots")
-        if name.startswith("table.") and vals and not -1 <= max(vals) < num_blocks:
-            raise RuntimeError(f"step input {name} holds block {max(vals)} outside the {num_blocks} blocks")
+        if not name.startswith(("slots.", "table.")):
+            continue
+        group = name.split(".", 1)[1]
+        n = num_blocks[group] if isinstance(num_blocks, dict) else num_blocks
+        if name.startswith("slots.") and vals and not -1 <= max(vals) < n * P:
+            raise RuntimeError(f"step input {name} holds slot {max(vals)} outside the {n * P} slots")
+        if name.startswith("table.") and vals and not -1 <= max(vals) < n:
+            raise RuntimeError(f"step input {name} holds block {max(vals)} outside the {n} blocks")
 
 
 class RankRuntime:
@@ -72,16 +77,15 @@ class RankRuntime:
             if kind == "stop":
                 return
             if kind == "init":
-                num_blocks = msg[1]
+                num_blocks, self.P = msg[1]
                 groups = self.model.cache_groups()
                 self.runner = ModelRunner(self.model, self.platform.ops, groups, num_blocks,
-                                          self.config.tokens_per_block, self.platform.device, None,
-                                          self.platform.transfer)
+                                          self.P, self.platform.device, None, self.platform.transfer)
                 self.num_blocks = num_blocks
                 w.gather("ready")
             elif kind == "step":
                 payload = msg[1][w.dp_rank]
-                check_step_inputs(payload[0], self.num_blocks, self.config.tokens_per_block)
+                check_step_inputs(payload[0], self.num_blocks, self.P)
                 w.gather(run_step(self.runner, w.tp_rank == 0, payload))
             elif kind == "experts":
                 from shuili.core.parallel.rebalance import apply_placement
