@@ -96,6 +96,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="prepare step N+1 on the host while step N runs")
     p.add_argument("--enforce-eager", action="store_true", default=None,
                    help="never replay decode steps as device graphs")
+    p.add_argument("--kv-host-bytes", default=None, metavar="BYTES",
+                   help="host-memory KV tier for evicted device blocks, e.g. 8G (unset: off)")
+    p.add_argument("--kv-store", default=None, metavar="DIR",
+                   help="shared KV block store directory; blocks survive restarts (unset: off)")
+    p.add_argument("--kv-store-ttl", default=None, metavar="DURATION",
+                   help="how long a stored block lives after its last use, e.g. 72h (unset: 72h)")
+    p.add_argument("--kv-store-bytes", default=None, metavar="BYTES",
+                   help="size cap of the store directory, e.g. 500G; least recently used first (unset: none)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (results do not depend on it; 1 is fastest for the "
                         "reference platform's small tiled GEMMs on a busy machine; unset: torch's choice)")
@@ -106,7 +114,9 @@ def _config(args):
 
     over = {"platform": args.platform, "model": args.model, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
-            "tokens_per_block": args.block_size, "num_blocks": args.num_blocks, "overlap": args.overlap, "enforce_eager": args.enforce_eager}
+            "tokens_per_block": args.block_size, "num_blocks": args.num_blocks, "overlap": args.overlap,
+            "enforce_eager": args.enforce_eager, "kv_host_bytes": args.kv_host_bytes, "kv_store": args.kv_store,
+            "kv_store_ttl": args.kv_store_ttl, "kv_store_bytes": args.kv_store_bytes}
     if args.config:
         return EngineConfig.from_file(args.config, **over)
     return EngineConfig(**{k: v for k, v in over.items() if v is not None})
@@ -237,7 +247,16 @@ def run_bench(llm, num_prompts: int, input_len: int, output_len: int, temperatur
         "ttft_mean_s": statistics.fmean(ttft) if ttft else 0.0, "ttft_p99_s": pct(ttft, 99),
         "tpot_mean_s": statistics.fmean(tpot) if tpot else 0.0, "tpot_p99_s": pct(tpot, 99),
         "steps": steps, "scheduler_us_per_step": 1e6 * (eng.schedule_seconds - sched0) / max(steps, 1),
+        **tier_stats(eng),
     }
+
+
+def tier_stats(eng) -> dict:
+    """Prefix-cache hit tokens per tier (device, host, disk) and bytes moved, since the engine started."""
+    if eng.kv_tiers is None:
+        return {"kv_hit_tokens_device": eng.kv.num_hit_tokens}
+    eng.kv_tiers.flush()
+    return eng.kv_tiers.stats()
 
 
 def cmd_bench(args) -> int:
