@@ -75,14 +75,14 @@ class KVTiers:
         if self.host.put((group, h), t, ready):
             self.bytes["device_to_host"] += nbytes(t)
 
-    def evict_device_cache(self, kv: KVCacheManager) -> int:
+    def evict_device_cache(self, kv: KVCacheManager, keep: bool = True) -> int:
         """Move every cached, unreferenced device block down a tier (to the host pool if there is
-        one, else just forget it); returns how many. Running requests keep theirs."""
+        one and `keep`, else just forget it); returns how many. Running requests keep theirs."""
         n = 0
         for name, pool in kv.pools.items():
             for h, b in list(pool.cached.items()):
                 if pool.ref[b] == 0:
-                    if self.host is not None:
+                    if self.host is not None and keep:
                         self._evicted(name, b, h)
                     del pool.cached[h]
                     pool.hash[b] = None
