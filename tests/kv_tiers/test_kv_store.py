@@ -237,3 +237,14 @@ def test_two_processes_share_one_store(tmp_path):
         got = s.get(f"{i:064x}", E)
         assert got is not None and all(torch.equal(got[k], block(i)[k]) for k in E), i
     assert not list(Path(root).rglob(".tmp-*"))
+
+
+def test_every_cache_dtype_round_trips_bit_exactly():
+    blocks = {"bf16": torch.linspace(-3, 3, 24).to(torch.bfloat16).view(2, 3, 4),
+              "f16": torch.linspace(-3, 3, 8).to(torch.float16).view(2, 4),
+              "u8": torch.arange(10, dtype=torch.uint8).view(1, 10),
+              "f32": torch.tensor([[float("nan"), -0.0, 1e-40]])}
+    expect = {k: (tuple(t.shape), t.dtype) for k, t in blocks.items()}
+    got = decode(encode("k", "fp", b"h", blocks, 0.0, "me"), "k", "fp", expect)
+    for k, t in blocks.items():
+        assert got[k].dtype == t.dtype and torch.equal(got[k].view(torch.uint8), t.view(torch.uint8)), k
