@@ -32,6 +32,7 @@ log = logging.getLogger("shuili.kv_tiers")
 SUFFIX = ".kv"
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temp file this old belongs to a writer that died
+QUEUE_BYTES = 1 << 30  # host copies waiting for the writer; past this, blocks are dropped, not queued
 
 
 class DiskStore:
@@ -55,10 +56,11 @@ class DiskStore:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self._since_gc = 0
+        self._queued_bytes = 0
         self.usable = self._prepare()
         self._queue: queue.Queue | None = None
         if background and self.usable:
-            self._queue = queue.Queue(maxsize=4096)
+            self._queue = queue.Queue()
             threading.Thread(target=self._drain, name="shuili-kv-store", daemon=True).start()
             ref = weakref.ref(self)
             atexit.register(lambda: ref() is not None and ref().flush())
@@ -153,19 +155,26 @@ class DiskStore:
         if self._queue is None:
             self._write(key, chain_hash, blocks, ready)
             return
-        try:
-            self._queue.put_nowait((key, chain_hash, blocks, ready))
-        except queue.Full:
+        size = sum(t.numel() * t.element_size() for t in blocks.values())
+        with self._lock:
+            full = self._queued_bytes + size > QUEUE_BYTES
+            if not full:
+                self._queued_bytes += size
+        if full:
             self._warn("queue", "the writer is behind; dropping blocks instead of stalling the engine")
+            return
+        self._queue.put((key, chain_hash, blocks, ready, size))
 
     def _drain(self) -> None:
         while True:
-            item = self._queue.get()
+            *item, size = self._queue.get()
             try:
                 self._write(*item)
             except Exception:  # the writer must outlive any one bad block
                 log.exception("kv store: writing a block failed")
             finally:
+                with self._lock:
+                    self._queued_bytes -= size
                 self._queue.task_done()
 
     def _write(self, key: str, chain_hash: bytes, blocks: dict[str, torch.Tensor], ready) -> None:

@@ -248,3 +248,27 @@ def test_every_cache_dtype_round_trips_bit_exactly():
     got = decode(encode("k", "fp", b"h", blocks, 0.0, "me"), "k", "fp", expect)
     for k, t in blocks.items():
         assert got[k].dtype == t.dtype and torch.equal(got[k].view(torch.uint8), t.view(torch.uint8)), k
+
+
+def test_a_writer_that_falls_behind_drops_blocks_instead_of_memory(tmp_path, monkeypatch, caplog):
+    import threading
+
+    from shuili.core.kv_tiers import disk_store
+
+    monkeypatch.setattr(disk_store, "QUEUE_BYTES", 40)  # one 28-byte block fits, two do not
+
+    class Gate:  # stands in for a device copy still in flight: the writer waits on it
+        def __init__(self):
+            self.open = threading.Event()
+
+        def synchronize(self):
+            self.open.wait(60)
+
+    gate = Gate()
+    s = DiskStore(str(tmp_path / "store"), "fp-A", clock=Clock())
+    s.put(key(0), b"h", blk(0.0), ready=gate)
+    s.put(key(1), b"h", blk(1.0))
+    assert "writer is behind" in caplog.text
+    gate.open.set()
+    s.flush()
+    assert s.contains(key(0)) and not s.contains(key(1)) and s._queued_bytes == 0
