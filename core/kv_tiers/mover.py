@@ -19,14 +19,14 @@ class BlockMover:
     def __init__(self, caches: dict[str, list[torch.Tensor]], device, runtime=None):
         self.caches = caches
         self.device = torch.device(device)
-        self.runtime = runtime if self.device.type != "cpu" else None
-        self.pin = self.device.type != "cpu"
+        self.runtime = runtime  # None: plain synchronous copies (the CPU)
+        self.pin = runtime is not None and self.device.type != "cpu"
 
     def _host_like(self, t: torch.Tensor) -> torch.Tensor:
         if self.pin:
             try:
                 return torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            except RuntimeError:  # no page-locked memory on this host: pageable, still correct
+            except RuntimeError:  # no page-locked memory here: pageable copies, still correct
                 self.pin = False
                 log.warning("kv tiers: page-locked host memory is not available; host copies are synchronous")
         return torch.empty(t.shape, dtype=t.dtype)
@@ -34,21 +34,17 @@ class BlockMover:
     def to_host(self, group: str, block: int):
         """-> (host tensor, event or None). With an event, the host bytes are valid once it is done."""
         dev = torch.stack([layer[block] for layer in self.caches[group]])
-        if self.device.type == "cpu":
-            return dev, None  # stack copied it already
+        if self.runtime is None:
+            return (dev if dev.device.type == "cpu" else dev.cpu()), None
         host = self._host_like(dev)
-        if self.runtime is None or not host.is_pinned():
-            host.copy_(dev)
-            return host, None
         host.copy_(dev, non_blocking=True)
         ev = self.runtime.Event()
         ev.record()
         return host, ev
 
     def to_device(self, group: str, block: int, host: torch.Tensor) -> None:
-        if self.device.type != "cpu":
-            if not host.is_pinned() and self.pin:
-                host = self._host_like(host).copy_(host)
-            host = host.to(self.device, non_blocking=True)
-        for layer, rows in zip(self.caches[group], host):
-            layer[block].copy_(rows, non_blocking=True)
+        if self.pin and not host.is_pinned():  # a block read from the store: stage it page-locked
+            host = self._host_like(host).copy_(host)
+        src = host.to(self.device, non_blocking=self.runtime is not None)
+        for layer, rows in zip(self.caches[group], src):
+            layer[block].copy_(rows, non_blocking=self.runtime is not None)

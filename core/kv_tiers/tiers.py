@@ -237,6 +237,7 @@ def build_tiers(config, model, groups: list[CacheGroupSpec], tokens_per_block: i
     host = HostPool(config.kv_host_bytes) if config.kv_host_bytes else None
     if host is None and store is None:
         return None
-    runtime = getattr(platform.transfer, "runtime", None)
+    # an accelerator's transfer service has an event runtime (EventTransfer); the CPU copies plainly
+    runtime = getattr(platform.transfer, "runtime", None) if torch.device(platform.device).type != "cpu" else None
     mover = BlockMover(caches, platform.device, runtime)
     return KVTiers(groups, tokens_per_block, mover, host, store, fp["sha256"] if fp else "in-process")

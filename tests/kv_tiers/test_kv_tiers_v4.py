@@ -168,3 +168,38 @@ def test_integrity_after_every_step_under_churn(tmp_path, overlap):
         assert t._staged is None
         t.flush()
     assert not list((tmp_path / "store").rglob(".tmp-*"))
+
+
+class FakeRuntime:
+    """torch.cuda's Event API on the CPU: the accelerator branch of BlockMover (non-blocking copies,
+    an event per save, the store writer waiting on it) runs end to end and is counted."""
+
+    def __init__(self):
+        self.recorded = 0
+        self.waited = 0
+        runtime = self
+
+        class Event:
+            def record(self):
+                runtime.recorded += 1
+
+            def synchronize(self):
+                runtime.waited += 1
+
+        self.Event = Event
+
+
+def test_the_event_path_gives_the_same_bits(tmp_path, case):
+    from shuili.core.kv_tiers.mover import BlockMover
+
+    ps, pars, want = case
+    llm = tiered(tmp_path / "store")
+    rt = FakeRuntime()
+    llm.engine.kv_tiers.mover = BlockMover(llm.engine.runner.caches, "cpu", rt)
+    assert run(llm, ps, pars) == want
+    llm.engine.kv_tiers.evict_device_cache(llm.engine.kv)
+    assert run(llm, ps, pars) == want
+    llm.engine.kv_tiers.flush()
+    assert rt.recorded > 0 and rt.waited > 0 and llm.engine.kv_tiers.loaded_blocks["host"] > 0
+    reader = tiered(tmp_path / "store", kv_host_bytes=0)
+    assert run(reader, ps, pars) == want and reader.engine.kv_tiers.hit_tokens["disk"] > 0
