@@ -7,8 +7,9 @@ One prompt (a --prefix-len token prefix plus a short suffix) is answered four ti
   disk     a NEW process (this script with --child) on the same store directory, host tier off
 Each phase reports TTFT (arrival to first token; engine construction excluded), the KV bytes it
 moved between tiers, and whether its tokens and logprob bits equal the cold answer. A warm-up
-request of the same length but other tokens runs first in each process (kernel compilation and
-first-touch costs stay out of the numbers).
+request with other tokens runs first in each process (of the same length on cuda, where kernels
+compile per shape, so compilation stays out of the numbers; short on the CPU, which compiles
+nothing).
 
     python benchmarks/kv_tiers.py --model smollm2-135m --prefix-len 2048 --threads 1     # CPU
     python benchmarks/kv_tiers.py --device cuda --model mid-v4 --batch-invariant          # H200
@@ -102,7 +103,7 @@ def child(args) -> dict:
     llm, load_s = build(args, kv_store=args.child)
     vocab = llm.engine.model.vocab_size
     n = args.prefix_len + args.suffix_len
-    answer(llm, prompt(vocab, n, salt=7), 1)  # warm-up: same length, other tokens
+    answer(llm, prompt(vocab, args.warmup_len or n, salt=7), 1)  # warm-up: other tokens
     out = phase(llm, prompt(vocab, n, salt=0), args, "disk (new process)")
     out["load_s"] = load_s
     return out
@@ -115,7 +116,7 @@ def main(args) -> dict:
     vocab = eng.model.vocab_size
     n = args.prefix_len + args.suffix_len
     ids = prompt(vocab, n, salt=0)
-    answer(llm, prompt(vocab, n, salt=7), 1)  # warm-up
+    answer(llm, prompt(vocab, args.warmup_len or n, salt=7), 1)  # warm-up: other tokens
     eng.kv_tiers.evict_device_cache(eng.kv, keep=False)  # the warm-up's blocks: not this benchmark's
     rows = [phase(llm, ids, args, "cold")]
     rows.append(phase(llm, ids, args, "device hit"))
@@ -155,6 +156,9 @@ def parse(argv=None):
     ap.add_argument("--suffix-len", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=4)
     ap.add_argument("--tokens-per-block", type=int, default=None, help="unset: 16, or the V4 model's largest ratio")
+    ap.add_argument("--warmup-len", type=int, default=None,
+                    help="tokens of the warm-up prompt (unset: the benchmark prompt's length on cuda, where "
+                         "kernels compile per shape; 32 on cpu)")
     ap.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens")
     ap.add_argument("--host-bytes", default="16G")
     ap.add_argument("--store", default=None, help="store directory (unset: a temporary one, removed after)")
@@ -164,6 +168,8 @@ def parse(argv=None):
     args = ap.parse_args(argv)
     args.platform = args.platform or ("nvidia" if args.device == "cuda" else "reference")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if args.warmup_len is None and args.device == "cpu":
+        args.warmup_len = 32
     argv = list(sys.argv[1:] if argv is None else argv)
     args.passthrough = [a for a in argv if a != "--json"]
     return args
