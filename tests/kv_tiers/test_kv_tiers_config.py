@@ -55,3 +55,23 @@ def test_metrics_export_hits_per_tier():
     assert 'shuili_kv_tier_hit_tokens_total{model_name="tiny-v4",tier="host"} 48.0' in text
     assert 'shuili_kv_tier_hit_tokens_total{model_name="tiny-v4",tier="disk"} 32.0' in text
     assert 'shuili_kv_tier_bytes_total{direction="host_to_device",model_name="tiny-v4"} 1000.0' in text
+
+
+def test_server_state_carries_the_tier_counters(tmp_path):
+    from types import SimpleNamespace
+
+    from shuili import LLM, SamplingParams
+    from shuili.core.server.app import Server
+    from shuili.core.server.metrics import ServerMetrics
+
+    llm = LLM(model="tiny-v4", platform="reference", kv_host_bytes="8M", max_num_seqs=2)
+    ids = list(range(1, 40))
+    llm.generate([ids], SamplingParams(max_tokens=1))
+    llm.engine.kv_tiers.evict_device_cache(llm.engine.kv)
+    llm.generate([ids], SamplingParams(max_tokens=1))
+    stub = SimpleNamespace(engine=llm.engine, loop=SimpleNamespace(num_waiting=lambda: 0, num_in_flight=lambda: 0))
+    state = Server.state(stub)
+    assert state["kv_tier_hit_tokens"] == {"device": 0, "host": 32, "disk": 0}
+    assert state["kv_tier_bytes"]["host_to_device"] > 0
+    text = ServerMetrics("tiny-v4").render(state).decode()
+    assert 'shuili_kv_tier_hit_tokens_total{model_name="tiny-v4",tier="host"} 32.0' in text
