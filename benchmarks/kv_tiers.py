@@ -111,6 +111,9 @@ def child(args) -> dict:
 
 def main(args) -> dict:
     store = args.store or tempfile.mkdtemp(prefix="shuili-kv-bench-")
+    if os.path.isdir(store) and os.listdir(store):
+        raise SystemExit(f"--store {store} is not empty: the cold phase would find blocks there; give an "
+                         "empty or new directory")
     llm, load_s = build(args, kv_host_bytes=args.host_bytes, kv_store=store)
     eng = llm.engine
     vocab = eng.model.vocab_size
