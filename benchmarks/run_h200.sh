@@ -80,6 +80,13 @@ serve_() {  # shuili serve with mid-v4 on nvidia under serve_load.py's Poisson c
       --timeout 300 --json "$OUT/serve.json" > "$OUT/serve.txt" 2>&1; echo "rc=$?" >> "$OUT/serve.txt"
   tail -28 "$OUT/serve.txt"; tail -5 "$OUT/serve.server.log" 2>/dev/null
 }
+kvtiers_() {  # TTFT of a 2k shared prefix: cold vs device vs host vs disk in a fresh process (docs/kv-tiers.md)
+  rm -rf /tmp/shuili_kv_store
+  timeout ${T_KVTIERS:-480} python3 benchmarks/kv_tiers.py --device cuda --model mid-v4 --batch-invariant \
+      --store /tmp/shuili_kv_store --json > "$OUT/kv_tiers.json" 2> "$OUT/kv_tiers.err"; echo "rc=$?" >> "$OUT/kv_tiers.err"
+  python3 -c "import json, sys; sys.path.insert(0, 'benchmarks'); import kv_tiers; kv_tiers.report(json.load(open('$OUT/kv_tiers.json')))" \
+      2>&1 | tee "$OUT/kv_tiers.txt"; tail -5 "$OUT/kv_tiers.err"
+}
 for s in $STAGES; do stamp "$s"; "${s}_"; done
 stamp done
 cat "$OUT/summary.txt"

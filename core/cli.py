@@ -106,6 +106,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="rebalance expert placement from routing load (with --enable-expert-parallel)")
     p.add_argument("--num-redundant-experts", type=int, default=None,
                    help="EPLB: extra expert slots in total " + default("num_redundant_experts"))
+    p.add_argument("--kv-host-bytes", default=None, metavar="BYTES",
+                   help="host-memory KV tier for evicted device blocks, e.g. 8G (unset: off)")
+    p.add_argument("--kv-store", default=None, metavar="DIR",
+                   help="shared KV block store directory; blocks survive restarts (unset: off)")
+    p.add_argument("--kv-store-ttl", default=None, metavar="DURATION",
+                   help="how long a stored block lives after its last use, e.g. 72h (unset: 72h)")
+    p.add_argument("--kv-store-bytes", default=None, metavar="BYTES",
+                   help="size cap of the store directory, e.g. 500G; least recently used first (unset: none)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (results do not depend on it; 1 is fastest for the "
                         "reference platform's small tiled GEMMs on a busy machine; unset: torch's choice)")
@@ -116,7 +124,9 @@ def _config(args):
 
     over = {"platform": args.platform, "model": args.model, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
-            "tokens_per_block": args.block_size, "num_blocks": args.num_blocks, "overlap": args.overlap, "enforce_eager": args.enforce_eager}
+            "tokens_per_block": args.block_size, "num_blocks": args.num_blocks, "overlap": args.overlap,
+            "enforce_eager": args.enforce_eager, "kv_host_bytes": args.kv_host_bytes, "kv_store": args.kv_store,
+            "kv_store_ttl": args.kv_store_ttl, "kv_store_bytes": args.kv_store_bytes}
     for name in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "enable_eplb",
                  "num_redundant_experts"):
         over[name] = getattr(args, name, None)
@@ -250,7 +260,16 @@ def run_bench(llm, num_prompts: int, input_len: int, output_len: int, temperatur
         "ttft_mean_s": statistics.fmean(ttft) if ttft else 0.0, "ttft_p99_s": pct(ttft, 99),
         "tpot_mean_s": statistics.fmean(tpot) if tpot else 0.0, "tpot_p99_s": pct(tpot, 99),
         "steps": steps, "scheduler_us_per_step": 1e6 * (eng.schedule_seconds - sched0) / max(steps, 1),
+        **tier_stats(eng),
     }
+
+
+def tier_stats(eng) -> dict:
+    """Prefix-cache hit tokens per tier (device, host, disk) and bytes moved, since the engine started."""
+    if eng.kv_tiers is None:
+        return {"kv_hit_tokens_device": eng.kv.num_hit_tokens}
+    eng.kv_tiers.flush()
+    return eng.kv_tiers.stats()
 
 
 def cmd_bench(args) -> int:

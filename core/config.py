@@ -48,6 +48,36 @@ class EngineConfig(ReadableErrors, BaseModel):
     eplb_step_interval: int = Field(64, description="EPLB: engine steps between rebalancing")
     distributed_timeout_s: float = Field(60.0, description="a collective that waits longer than this fails "
                                          "the engine (a dead or stuck worker)")
+    kv_host_bytes: int = Field(0, description="host-memory KV tier for evicted device blocks, bytes "
+                               "(or '8G'); 0 = off (docs/kv-tiers.md)")
+    kv_store: str | None = Field(None, description="directory of the shared KV block store (local or a "
+                                 "shared file system); None = off")
+    kv_store_ttl: float = Field(72 * 3600.0, description="seconds (or '72h') a stored block lives after "
+                                "its last use")
+    kv_store_bytes: int | None = Field(None, description="size cap of the store directory, bytes (or "
+                                       "'500G'); least recently used blocks go first; None = TTL only")
+
+    @field_validator("kv_host_bytes", "kv_store_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, v):
+        from shuili.core.kv_tiers.units import parse_bytes
+
+        if v is None:
+            return v
+        v = parse_bytes(v)
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return v
+
+    @field_validator("kv_store_ttl", mode="before")
+    @classmethod
+    def _duration(cls, v):
+        from shuili.core.kv_tiers.units import parse_duration
+
+        v = parse_duration(v)
+        if v <= 0:
+            raise ValueError("must be > 0 (a duration such as 72h)")
+        return v
 
     @field_validator("platform", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ import time
 from shuili.core.config import EngineConfig
 from shuili.core.kv_cache import KVCacheManager
 from shuili.core.kv_sizing import pool_sizes
+from shuili.core.kv_tiers import build_tiers
 from shuili.core.model_api import default_tokens_per_block
 from shuili.core.outputs import CompletionOutput, RequestOutput
 from shuili.core.request import Request
@@ -33,6 +34,7 @@ class Engine:
     def __init__(self, config: EngineConfig, model=None):
         self.config = config
         self.platform = resolve_platform(config.platform)
+        model_given = model is not None
         self.ops = self.platform.ops
         self.device = self.platform.device
         if model is None:
@@ -56,6 +58,9 @@ class Engine:
                                    self.max_model_len, config.policy, self.eos, self.tokenizer.decode)
         self.runner = ModelRunner(model, self.ops, groups, self.pool_blocks, P, self.device,
                                   self._graphs(model, groups, P), self.platform.transfer)
+        self.kv_tiers = build_tiers(config, model, groups, P, self.runner.caches, self.platform, model_given)
+        if self.kv_tiers is not None:
+            self.kv_tiers.attach(self.kv)
         self._inflight: tuple[SchedulerOutput, StepResult] | None = None
         self._ids = itertools.count()
         self.num_steps = 0

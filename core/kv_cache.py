@@ -17,6 +17,7 @@ from shuili.core.model_api import CacheGroupSpec
 from shuili.core.request import Request
 
 ROOT_HASH = b"shuili-kv-root"
+LOAD = -2  # in a hit table: allocate a block and fill it from a lower tier (core/kv_tiers)
 
 
 def chain_hash(parent: bytes, tokens: list[int]) -> bytes:
@@ -35,6 +36,7 @@ class BlockPool:
         self.hash: list[bytes | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[bytes, int] = {}
+        self.on_evict = None  # (block, hash) -> None, before a cached block is reused (core/kv_tiers)
 
     @property
     def num_free(self) -> int:
@@ -47,6 +49,8 @@ class BlockPool:
         b, _ = self.free.popitem(last=False)
         h = self.hash[b]
         if h is not None:  # evict the least recently used cached block
+            if self.on_evict is not None:
+                self.on_evict(b, h)
             del self.cached[h]
             self.hash[b] = None
         self.ref[b] = 1
@@ -108,6 +112,7 @@ class KVCacheManager:
         # admissions only (hits passed): the prefix-cache hit rate is hit / queried tokens
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        self.tiers = None  # core/kv_tiers.KVTiers: host / store tiers below the device, or None
 
     # ------------------------------------------------------------------------------ hashing
     def _hashes(self, req: Request, num_blocks: int) -> list[bytes]:
@@ -125,6 +130,8 @@ class KVCacheManager:
     # ---------------------------------------------------------------------------- prefix hits
     def find_cached(self, req: Request) -> tuple[int, dict[str, list[int]]]:
         """Longest usable cached prefix: (num tokens, block ids per group). Leaves one token to compute."""
+        if self.tiers is not None:
+            return self.tiers.find_cached(self, req)
         if not self.enable_prefix_caching or req.params.prompt_logprobs:
             return 0, {}
         max_blocks = (req.num_real_tokens - 1) // self.P
@@ -151,6 +158,8 @@ class KVCacheManager:
     def allocate(self, req: Request, num_new_tokens: int, hits: dict[str, list[int]] | None = None) -> bool:
         """Blocks for tokens up to num_computed + num_new (after applying `hits`); False = no room."""
         ok = self._allocate(req, num_new_tokens, hits)
+        if self.tiers is not None and hits:
+            self.tiers.after_allocate(self, req, ok)
         if ok and hits is not None:
             self.num_queried_tokens += req.num_real_tokens
             self.num_hit_tokens += req.num_computed_tokens
@@ -173,7 +182,7 @@ class KVCacheManager:
             return True
         for g in self.groups:
             pool, hit = self.pools[g.name], hits[g.name]
-            revive = sum(1 for b in hit if b >= 0 and pool.ref[b] == 0)
+            revive = sum(1 for b in hit if b >= 0 and pool.ref[b] == 0) + hit.count(LOAD)
             if max(0, need - len(hit)) + revive > pool.num_free:
                 return False
         for g in self.groups:
@@ -181,7 +190,7 @@ class KVCacheManager:
             for b in hits[g.name]:
                 if b >= 0:
                     pool.touch(b)  # before allocating, so a hit block is never evicted for itself
-            table = req.block_ids[g.name] = list(hits[g.name])
+            table = req.block_ids[g.name] = [pool.allocate() if b == LOAD else b for b in hits[g.name]]
             table.extend(pool.allocate() for _ in range(max(0, need - len(table))))
         req.num_published_blocks = len(next(iter(hits.values())))
         self.requests[req.request_id] = req
@@ -220,12 +229,15 @@ class KVCacheManager:
         if n_full <= req.num_published_blocks:
             return
         hs = self._hashes(req, n_full)
+        first = req.num_published_blocks
         for g in self.groups:
             pool, table = self.pools[g.name], req.block_ids.get(g.name, [])
             for i in range(req.num_published_blocks, min(n_full, len(table))):
                 if table[i] >= 0:
                     pool.publish(table[i], hs[i])
         req.num_published_blocks = n_full
+        if self.tiers is not None:
+            self.tiers.on_published(self, req, first, n_full)
 
     # ------------------------------------------------------------------------------ accounting
     def num_free_blocks(self) -> dict[str, int]:
@@ -244,6 +256,8 @@ class KVCacheManager:
 
     def check_integrity(self) -> None:
         """free + cached + used == total per pool, and ref counts equal block-table references."""
+        if self.tiers is not None:
+            self.tiers.check()
         for g in self.groups:
             pool = self.pools[g.name]
             pool.check()

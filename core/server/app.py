@@ -143,6 +143,9 @@ class Server:
                "in_flight": self.loop.num_in_flight(), "num_steps": eng.num_steps,
                "kv": {g: {**c, "total": eng.kv.pools[g].num_blocks} for g, c in eng.kv.usage().items()},
                "prefix_queried_tokens": eng.kv.num_queried_tokens, "prefix_hit_tokens": eng.kv.num_hit_tokens}
+        tiers = eng.kv_tiers
+        out["kv_tier_hit_tokens"] = dict(tiers.hit_tokens) if tiers else {"device": eng.kv.num_hit_tokens}
+        out["kv_tier_bytes"] = dict(tiers.bytes) if tiers else {}
         if integrity:
             try:
                 eng.scheduler.check()

@@ -39,6 +39,11 @@ class ServerMetrics:
                                 ["model_name", "finished_reason"], registry=r)
         self.errors = Counter("shuili_request_errors", "requests answered with an error, by kind "
                               "(bad_request, overloaded, engine, ...)", ["model_name", "kind"], registry=r)
+        self.tier_hits = Counter("shuili_kv_tier_hit_tokens", "prefix-cache hit tokens by the lowest tier "
+                                 "a block came from (device, host, disk)", ["model_name", "tier"], registry=r)
+        self.tier_bytes = Counter("shuili_kv_tier_bytes", "KV bytes moved between tiers", ["model_name",
+                                  "direction"], registry=r)
+        self._seen_tier: dict[tuple[str, str], int] = {}
         self._model = model
         self._seen_queries = 0
         self._seen_hits = 0
@@ -81,4 +86,11 @@ class ServerMetrics:
         self.hits.inc(h - self._seen_hits)
         self._seen_queries, self._seen_hits = q, h
         self.hit_rate.set(h / q if q else 0.0)
+        for kind, metric in (("tier", self.tier_hits), ("direction", self.tier_bytes)):
+            src = state.get("kv_tier_hit_tokens" if kind == "tier" else "kv_tier_bytes", {})
+            for label, n in src.items():
+                seen = self._seen_tier.get((kind, label), 0)
+                if n > seen:
+                    metric.labels(self._model, label).inc(n - seen)
+                self._seen_tier[(kind, label)] = n
         return generate_latest(self.registry)
