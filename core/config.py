@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from shuili.core.errors import ReadableErrors, format_validation_error, read_json
 from shuili.core.models import DEFAULT_MODEL
+from shuili.core.spec.config import SpeculativeConfig
 from shuili.hal import PlatformConfig
 
 
@@ -34,6 +35,8 @@ class EngineConfig(ReadableErrors, BaseModel):
     enforce_eager: bool = Field(False, description="never replay decode steps as device graphs (graphs "
                                 "are used where the platform and the model support them)")
     policy: Literal["fcfs", "priority"] = "fcfs"
+    speculative: SpeculativeConfig | None = Field(None, description="speculative decoding (core/spec); "
+                                                  "None = off. Output bits are the same either way")
 
     @field_validator("platform", mode="before")
     @classmethod
