@@ -56,6 +56,8 @@ class Engine:
         self.drafter = self._drafter(config, model)
         if self.drafter is not None and self.drafter.on_device:
             self.runner.drafter = self.drafter
+            if self.runner.graphs is not None:
+                self.runner.graphs.keep_hidden = self.drafter.needs_hidden
         self._inflight: tuple[SchedulerOutput, StepResult] | None = None
         self._ids = itertools.count()
         self.num_steps = 0
