@@ -180,3 +180,18 @@ def test_method_the_model_cannot_serve():
         make_llm(speculative={"method": "dspark", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         make_llm(speculative={"method": "ngram", "num_speculative_tokens": 0})
+
+
+def test_cli_bench_reports_speculation(capsys):
+    import json
+
+    from shuili.cli import main
+
+    rc = main(["bench", "--platform", "reference", "--model", "tiny-v4", "--num-prompts", "2", "--input-len", "8",
+               "--output-len", "4", "--speculative-method", "ngram", "--num-speculative-tokens", "3", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["identical_outputs"] is True
+    assert {"acceptance_rate", "mean_tokens_per_step", "speedup", "draft_tokens_proposed"} <= set(res)
+    rc = main(["generate", "--platform", "reference", "--model", "tiny-v4", "--prompt", "x",
+               "--speculative-method", "ngram"])
+    assert rc != 0 and "--num-speculative-tokens together" in capsys.readouterr().err
