@@ -262,6 +262,8 @@ class Scheduler:
             n, sample, drafts = self._chunk(req, budget)
             if n <= 0:
                 continue  # all known tokens computed; waiting for a sample or a finish
+            if drafts and not self.kv.allocate(req, n):
+                n, drafts = n - len(drafts), []  # drafts are optional: never preempt for them
             while not self.kv.allocate(req, n):
                 victim = self._victim(self.running)
                 budget += self._unschedule(out, victim)
@@ -328,11 +330,18 @@ class Scheduler:
             if req.epoch == row.epoch and req.status is Status.RUNNING:  # else preempted/aborted/finished
                 keep = 1 + num_accepted(row.drafts, result.tokens[i:i + n]) if row.drafts else 1
                 self._land(req, result, i, keep, row.drafts)
-                if result.drafts is not None and not req.finished and not req.num_placeholders:
-                    req.draft_token_ids = list(result.drafts[g])
+                if result.drafts is not None and not req.finished and not req.verifying:
+                    self._install(req, result.drafts[g])
                 touched.append(req)
             i, g = i + n, g + 1
         return touched
+
+    @staticmethod
+    def _install(req: Request, drafts: list[int]) -> None:
+        """A device drafter's drafts follow this step's sample. With the next step's token in
+        flight (overlap mode) the first draft is the guess for that token and the rest follow it."""
+        if req.num_placeholders <= 1:
+            req.draft_token_ids = list(drafts[req.num_placeholders:])
 
     def _land(self, req: Request, result: StepOutput, i: int, keep: int, drafts: list[int]) -> None:
         """Append rows i .. i + keep - 1 (the accepted drafts' tokens and the target's next one)."""

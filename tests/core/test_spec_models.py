@@ -66,8 +66,9 @@ def test_v4_alone_and_batched(v4_ref, spec):
 def test_v4_chunked_prefill_overlap_preemption(v4_ref, spec):
     got, reqs = drive(v4(speculative=spec, max_num_batched_tokens=7), PROMPTS, PARAMS)
     assert got == v4_ref
-    got, _ = drive(v4(speculative=spec, overlap=True), PROMPTS, PARAMS)
+    got, reqs = drive(v4(speculative=spec, overlap=True), PROMPTS, PARAMS)
     assert got == v4_ref
+    assert sum(r.num_draft_proposed for r in reqs) > 0, "overlap mode drafted nothing"
     got, reqs = drive(v4(speculative=spec), PROMPTS, PARAMS, preempt_at=(3, 5, 8))
     assert sum(r.num_preemptions for r in reqs) >= 2
     assert got == v4_ref
