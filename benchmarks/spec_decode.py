@@ -123,8 +123,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--methods", default=None, help="comma list, a method may carry :MIN_CONFIDENCE (mtp:0 "
-                    "drafts whatever the confidence); default: ngram, or ngram,mtp,mtp:0 for V4 models")
+    ap.add_argument("--methods", default=None, help="comma list; mtp:C sets min_confidence (mtp:0 drafts "
+                    "whatever the confidence), ngram:N sets prompt_lookup_min; default: ngram, or "
+                    "ngram,mtp,mtp:0 for V4 models")
     ap.add_argument("--num-speculative-tokens", type=int, default=8, help="per step, over all requests")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -158,7 +159,9 @@ def main() -> None:
         for method in methods:
             name, _, conf = method.partition(":")
             spec = {"method": name, "num_speculative_tokens": args.num_speculative_tokens}
-            if conf:
+            if conf and name == "ngram":
+                spec.update(prompt_lookup_min=int(conf), prompt_lookup_max=max(int(conf), 4))
+            elif conf:
                 spec["min_confidence"] = float(conf)
             got = timed(args, spec, shared, prompts, params, chat)
             row = {"method": method, "temperature": temp, "identical": got["_bits"] == base["_bits"],
