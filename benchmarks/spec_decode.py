@@ -10,7 +10,8 @@ float32 logprobs must be identical: shuili verifies drafts by exact match, core/
     python benchmarks/spec_decode.py --device cpu --model tiny-v4 --max-tokens 12 --num-prompts 3
 
 Tokens per step = generated tokens / the steps that sampled for the request (1.0 without
-speculation). On a shared CPU host the process CPU time ratio is the steadier speedup figure. Random-weight V4 models accept few model drafts: their MTP block was never trained.
+speculation). On a shared CPU host the process CPU time ratio is the steadier speedup figure.
+Random-weight V4 models accept few model drafts: their MTP block was never trained.
 """
 from __future__ import annotations
 

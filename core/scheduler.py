@@ -388,6 +388,8 @@ class Scheduler:
         assert len(set(map(id, self.running))) == len(self.running), "a request runs twice"
         for req in self.running:
             assert req.status is Status.RUNNING
-            assert 0 <= req.num_computed_tokens <= req.num_tokens + req.verifying, (req.num_computed_tokens, req.num_tokens, req.verifying, req.num_placeholders)
+            assert 0 <= req.num_computed_tokens <= req.num_tokens + req.verifying, (
+                f"{req.request_id}: {req.num_computed_tokens} computed, {req.num_tokens} tokens, "
+                f"{req.verifying} drafts in flight")
             assert not (req.verifying and req.draft_token_ids), "new drafts while a verify step is in flight"
         self.kv.check_integrity()

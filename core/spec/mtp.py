@@ -118,8 +118,8 @@ def _chain_batch(batch: ForwardBatch, seq: torch.Tensor, tok: torch.Tensor, q: t
     C, dev, P = tok.shape[0], tok.device, batch.tokens_per_block
     tables = {n: t[seq] for n, t in batch.block_tables.items()}
     ar = torch.arange(C, device=dev)
-    slots = {n: token_slots(tables[n], ar, q, P) if n == "swa_kv" else torch.full((C,), -1, dtype=torch.int64, device=dev)
-             for n in batch.slot_mapping}
+    none = torch.full((C,), -1, dtype=torch.int64, device=dev)
+    slots = {n: token_slots(tables[n], ar, q, P) if n == "swa_kv" else none for n in batch.slot_mapping}
     return ForwardBatch(input_ids=tok, positions=q, query_start_loc=torch.arange(C + 1, dtype=torch.int32, device=dev),
                         seq_lens=(q + 1).int(), context_lens=q.int(), block_tables=tables, slot_mapping=slots,
                         logits_indices=ar, tokens_per_block=P, static_decode=True)
