@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200: environment, GPU kernel tests, conformance, end to end, kernel roofline.
 #   STAGES="env e2e kernels confbi tests" bash benchmarks/run_h200.sh     (stages run in the order given)
+#   stages not in the default list: conf confcli relock serve spec
 # Logs and JSON go to $OUT (or ./h200_out); each stage has a timeout (T_<STAGE> seconds).
 set -u
 OUT=${OUT:-$PWD/h200_out}
@@ -86,6 +87,12 @@ kvtiers_() {  # TTFT of a 2k shared prefix: cold vs device vs host vs disk in a 
       --store /tmp/shuili_kv_store --json > "$OUT/kv_tiers.json" 2> "$OUT/kv_tiers.err"; echo "rc=$?" >> "$OUT/kv_tiers.err"
   python3 -c "import json, sys; sys.path.insert(0, 'benchmarks'); import kv_tiers; kv_tiers.report(json.load(open('$OUT/kv_tiers.json')))" \
       2>&1 | tee "$OUT/kv_tiers.txt"; tail -5 "$OUT/kv_tiers.err"
+}
+spec_() {  # speculative decoding, mid-v4, batch-invariant mode, decode graphs: ngram, mtp, mtp:0 against no
+  # speculation, same run; fails (rc=1) if any output bit differs (docs/speculative.md)
+  timeout ${T_SPEC:-500} python3 benchmarks/spec_decode.py --device cuda --model mid-v4 --num-prompts ${SPEC_PROMPTS:-16} \
+      --max-tokens 64 --json "$OUT/spec.json" > "$OUT/spec.txt" 2>&1; echo "rc=$?" >> "$OUT/spec.txt"
+  tail -12 "$OUT/spec.txt"
 }
 for s in $STAGES; do stamp "$s"; "${s}_"; done
 stamp done

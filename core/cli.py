@@ -114,6 +114,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="how long a stored block lives after its last use, e.g. 72h (unset: 72h)")
     p.add_argument("--kv-store-bytes", default=None, metavar="BYTES",
                    help="size cap of the store directory, e.g. 500G; least recently used first (unset: none)")
+    p.add_argument("--speculative-method", choices=("ngram", "mtp", "dspark"), default=None,
+                   help="speculative decoding: ngram (prompt lookup), mtp (DeepSeek-V4's MTP block), "
+                        "dspark (V4.1); outputs are bit-identical to decoding without it")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                   help="with --speculative-method: draft tokens one step verifies, over all requests")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (results do not depend on it; 1 is fastest for the "
                         "reference platform's small tiled GEMMs on a busy machine; unset: torch's choice)")
@@ -126,13 +131,24 @@ def _config(args):
             "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
             "tokens_per_block": args.block_size, "num_blocks": args.num_blocks, "overlap": args.overlap,
             "enforce_eager": args.enforce_eager, "kv_host_bytes": args.kv_host_bytes, "kv_store": args.kv_store,
-            "kv_store_ttl": args.kv_store_ttl, "kv_store_bytes": args.kv_store_bytes}
+            "kv_store_ttl": args.kv_store_ttl, "kv_store_bytes": args.kv_store_bytes,
+            "speculative": _speculative(args)}
     for name in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "enable_eplb",
                  "num_redundant_experts"):
         over[name] = getattr(args, name, None)
     if args.config:
         return EngineConfig.from_file(args.config, **over)
     return EngineConfig(**{k: v for k, v in over.items() if v is not None})
+
+
+def _speculative(args) -> dict | None:
+    method, k = getattr(args, "speculative_method", None), getattr(args, "num_speculative_tokens", None)
+    if method is None and k is None:
+        return None
+    if method is None or k is None:
+        raise ValueError("give --speculative-method and --num-speculative-tokens together, e.g. "
+                         "--speculative-method ngram --num-speculative-tokens 4")
+    return {"method": method, "num_speculative_tokens": k}
 
 
 def _llm(args):
@@ -248,6 +264,9 @@ def run_bench(llm, num_prompts: int, input_len: int, output_len: int, temperatur
             for o in ok if len(o.token_ids) > 1]
     n_out = sum(len(o.token_ids) for o in ok)
     steps = eng.num_steps - steps0
+    proposed = sum(o.metrics.get("draft_tokens_proposed", 0) for o in ok)
+    accepted = sum(o.metrics.get("draft_tokens_accepted", 0) for o in ok)
+    sample_steps = sum(o.metrics.get("sample_steps", 0) for o in ok)
 
     def pct(xs, q):
         return statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else (xs[0] if xs else 0.0)
@@ -260,8 +279,21 @@ def run_bench(llm, num_prompts: int, input_len: int, output_len: int, temperatur
         "ttft_mean_s": statistics.fmean(ttft) if ttft else 0.0, "ttft_p99_s": pct(ttft, 99),
         "tpot_mean_s": statistics.fmean(tpot) if tpot else 0.0, "tpot_p99_s": pct(tpot, 99),
         "steps": steps, "scheduler_us_per_step": 1e6 * (eng.schedule_seconds - sched0) / max(steps, 1),
+        "draft_tokens_proposed": proposed, "draft_tokens_accepted": accepted,
+        "acceptance_rate": accepted / proposed if proposed else 0.0,
+        "mean_tokens_per_step": n_out / sample_steps if sample_steps else 0.0,  # per request, per step
+        "_outputs": [(o.token_ids, o.logprobs) for o in outs],
         **tier_stats(eng),
     }
+
+
+def _same_bits(a, b) -> bool:
+    import struct
+
+    def key(outs):
+        return [(list(t), [struct.pack("<f", x) for x in lp]) for t, lp in outs]
+
+    return key(a) == key(b)
 
 
 def tier_stats(eng) -> dict:
@@ -275,6 +307,17 @@ def tier_stats(eng) -> dict:
 def cmd_bench(args) -> int:
     llm = _llm(args)
     res = run_bench(llm, args.num_prompts, args.input_len, args.output_len, args.temperature, args.seed)
+    if llm.engine.config.speculative is not None:  # the same run without speculation, for the speedup
+        from shuili.core.api import LLM
+
+        cfg = llm.engine.config.model_copy(update={"speculative": None})
+        del llm
+        base = run_bench(LLM(config=cfg), args.num_prompts, args.input_len, args.output_len,
+                         args.temperature, args.seed)
+        res["baseline_wall_s"] = base["wall_s"]
+        res["speedup"] = base["wall_s"] / res["wall_s"]
+        res["identical_outputs"] = _same_bits(base["_outputs"], res["_outputs"])
+    res.pop("_outputs")
     if args.json:
         print(json.dumps(res))
     else:

@@ -10,6 +10,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from shuili.core.errors import ReadableErrors, format_validation_error, read_json
 from shuili.core.models import DEFAULT_MODEL
+from shuili.core.spec.config import SpeculativeConfig
 from shuili.hal import PlatformConfig
 
 
@@ -37,6 +38,8 @@ class EngineConfig(ReadableErrors, BaseModel):
     enforce_eager: bool = Field(False, description="never replay decode steps as device graphs (graphs "
                                 "are used where the platform and the model support them)")
     policy: Literal["fcfs", "priority"] = "fcfs"
+    speculative: SpeculativeConfig | None = Field(None, description="speculative decoding (core/spec); "
+                                                  "None = off. Output bits are the same either way")
     # parallelism (core/parallel/, docs/parallel.md); vLLM's flag names
     tensor_parallel_size: int = Field(1, description="TP: attention heads, output projections and the "
                                       "vocabulary head split over this many ranks")

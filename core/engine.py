@@ -40,7 +40,9 @@ class Engine:
         if model is None:
             from shuili.core.models import load_model
 
-            model = load_model(config.model, self.ops, self.device, config.dtype, config.seed)
+            spec = config.speculative
+            model = load_model(config.model, self.ops, self.device, config.dtype, config.seed,
+                               with_mtp=spec is not None and spec.method == "mtp")
         elif not hasattr(model, "forward"):  # a factory (ops, device, dtype, seed) -> Model
             model = model(self.ops, self.device, config.dtype, config.seed)
         self.model = model
@@ -58,6 +60,11 @@ class Engine:
                                    self.max_model_len, config.policy, self.eos, self.tokenizer.decode)
         self.runner = ModelRunner(model, self.ops, groups, self.pool_blocks, P, self.device,
                                   self._graphs(model, groups, P), self.platform.transfer)
+        self.drafter = self._drafter(config, model)
+        if self.drafter is not None and self.drafter.on_device:
+            self.runner.drafter = self.drafter
+            if self.runner.graphs is not None:
+                self.runner.graphs.keep_hidden = self.drafter.needs_hidden
         self.kv_tiers = build_tiers(config, model, groups, P, self.runner.caches, self.platform, model_given)
         if self.kv_tiers is not None:
             self.kv_tiers.attach(self.kv)
@@ -74,6 +81,13 @@ class Engine:
 
         return DecodeGraphs(model, capture, groups, self.config.max_num_seqs,
                             -(-self.max_model_len // P), P, self.device)
+
+    def _drafter(self, config: EngineConfig, model):
+        if config.speculative is None:
+            return None
+        from shuili.core.spec.base import make_drafter
+
+        return make_drafter(config.speculative, model, self.max_model_len)
 
     @staticmethod
     def _max_len(config: EngineConfig, model) -> int:
@@ -150,6 +164,8 @@ class Engine:
         """`step` without building outputs (text decoding is per call): the touched Requests."""
         self.num_steps += 1
         t0 = time.thread_time()
+        if self.drafter is not None and not self.drafter.on_device:
+            self.drafter.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         self.schedule_seconds += time.thread_time() - t0
         prev = self._inflight[1] if self._inflight else None
@@ -185,7 +201,9 @@ class Engine:
             token_ids=list(req.output_token_ids), text=self.text(req), logprobs=list(req.logprobs),
             seed=req.seed, finish_reason=req.finish_reason, error=req.error,
             num_preemptions=req.num_preemptions,
-            metrics={"arrival": req.t_arrival, "first_token": req.t_first_token, "finish": req.t_finish})
+            metrics={"arrival": req.t_arrival, "first_token": req.t_first_token, "finish": req.t_finish,
+                     "draft_tokens_proposed": req.num_draft_proposed,
+                     "draft_tokens_accepted": req.num_draft_accepted, "sample_steps": req.num_sample_steps})
         return RequestOutput(
             request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
             prompt_logprobs=list(req.prompt_logprobs) if req.params.prompt_logprobs else None,

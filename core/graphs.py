@@ -42,6 +42,7 @@ class _Graph:
     batch: ForwardBatch  # the static buffers the graph reads
     replay: Callable[[], torch.Tensor] | None = None
     replays: int = 0
+    hidden: torch.Tensor | None = None  # keep_hidden: the replay's per-token hidden states, static
 
 
 @dataclass
@@ -55,6 +56,7 @@ class DecodeGraphs:
     device: str
     graphs: dict[tuple[int, int], _Graph] = field(default_factory=dict)
     disabled: str | None = None  # why graphs were turned off (a failed capture)
+    keep_hidden: bool = False  # a drafter reads the step's hidden states (core/spec/mtp.py)
 
     def __post_init__(self):
         # batches past the largest bucket run eagerly
@@ -79,12 +81,25 @@ class DecodeGraphs:
                 return None
         _fill(g.batch, batch)
         g.replays += 1
-        return g.replay()[:T]
+        logits = g.replay()[:T]
+        if self.keep_hidden:
+            self.model.last_hidden = g.hidden[:T]
+        return logits
+
+    def _forward(self, g: _Graph) -> torch.Tensor:
+        if not self.keep_hidden:
+            return self.model.forward(g.batch)
+        logits = self.model.forward(g.batch, keep_hidden=True)
+        h = self.model.last_hidden
+        if g.hidden is None:  # allocated on the first (warm-up or capturing) run, then rewritten
+            g.hidden = torch.empty_like(h)
+        g.hidden.copy_(h)
+        return logits
 
     def _capture(self, B: int, W: int) -> _Graph | None:
         g = _Graph(_static_batch(self.groups, B, W, self.tokens_per_block, self.device))
         try:
-            g.replay = self.capture(lambda: self.model.forward(g.batch))
+            g.replay = self.capture(lambda: self._forward(g))
         except Exception as exc:  # a model or op that cannot be captured still runs, eagerly
             self.disabled = f"graph capture of batch {B} x {W} blocks failed: {type(exc).__name__}: {exc}"
             log.warning("%s; decode runs eagerly from now on", self.disabled)

@@ -221,6 +221,20 @@ class KVCacheManager:
                 i -= 1
         return freed
 
+    def trim(self, req: Request, num_tokens: int) -> int:
+        """Release every block past the ones covering tokens [0, num_tokens): the tail that held
+        rejected draft tokens (core/spec). Returns how many blocks were released."""
+        keep = -(-num_tokens // self.P)
+        freed = 0
+        for g in self.groups:
+            table = req.block_ids.get(g.name)
+            while table and len(table) > keep:
+                b = table.pop()
+                if b >= 0:
+                    self.pools[g.name].release(b)
+                    freed += 1
+        return freed
+
     def publish(self, req: Request, num_computed: int) -> None:
         """Cache the full blocks whose KV is written (tokens < num_computed, real tokens only)."""
         if not self.enable_prefix_caching:

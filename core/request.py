@@ -40,6 +40,13 @@ class Request:
     # bumped on preemption/abort: results computed for an older epoch are dropped
     epoch: int = 0
     num_preemptions: int = 0
+    # speculative decoding (core/spec): provisional tokens after the real ones, proposed for the
+    # next step; never part of output_token_ids, hashes or num_tokens until verified
+    draft_token_ids: list[int] = field(default_factory=list)
+    verifying: int = 0  # drafts of a verify step in flight (its next position is not known yet)
+    num_draft_proposed: int = 0
+    num_draft_accepted: int = 0
+    num_sample_steps: int = 0  # steps that sampled for this request (tokens per step = outputs / this)
     finish_reason: str | None = None
     error: str | None = None
     stop_text_len: int | None = None  # text is cut here when a stop string matched

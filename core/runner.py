@@ -42,15 +42,18 @@ class StepResult:
     index: dict[str, int] = field(default_factory=dict)  # request id -> sample row
     download: Pending | None = None  # started when the step is launched
     top: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, logprobs) [S, k] when a row asks
+    drafts: torch.Tensor | None = None  # int64 [C, k]: a device drafter's next drafts per sampling chunk, -1 pad
+    hidden: torch.Tensor | None = None  # the model's per-token hidden state, when a drafter reads it
 
     def to_host(self) -> StepOutput:
         """The step's results as host lists; waits for this step only."""
-        tokens, logprobs, bad, prompt_logprobs = self.download.wait()
+        tokens, logprobs, bad, prompt_logprobs, drafts = self.download.wait()
         top = None
         if self.top is not None:
             top = [list(zip(i, v)) for i, v in zip(self.top[0].tolist(), self.top[1].tolist())]
         return StepOutput(rows=self.sample_rows, tokens=tokens, logprobs=logprobs, bad=bad,
-                          prompt_rows=self.prompt_rows, prompt_logprobs=prompt_logprobs, top=top)
+                          prompt_rows=self.prompt_rows, prompt_logprobs=prompt_logprobs, top=top,
+                          drafts=[[t for t in d if t >= 0] for d in drafts] if self.drafts is not None else None)
 
 
 @dataclass
@@ -103,6 +106,7 @@ class ModelRunner:
         self.sampler = Sampler(ops, model.vocab_size)
         self.eos = tuple(model.tokenizer.eos_token_ids)
         self.engram_lookback = int(getattr(model, "engram_lookback", 0) or 0)
+        self.drafter = None  # a core/spec drafter that drafts on the device (set by the engine)
 
     def build_batch(self, out: SchedulerOutput, prev: StepResult | None = None) -> Step:
         """ForwardBatch plus which logits rows are samples / prompt logprobs; one upload."""
@@ -180,7 +184,8 @@ class ModelRunner:
         if flags["penalties"]:
             arrays.update(_penalty_arrays(rows, prev))
         if any(p.min_tokens for p in ps):
-            pairs = [(i, t) for i, r in enumerate(rows) if not r.req.may_stop(r.req.num_pending_output - 1)
+            pairs = [(i, t) for i, r in enumerate(rows)
+                     if not r.req.may_stop(r.req.num_pending_output - 1 + r.offset)
                      for t in stop_ids(r.req.params, self.eos) if 0 <= t < self.sampler.V]
             flags["banned"] = bool(pairs)
             arrays["ban.rows"] = ([i for i, _ in pairs], i64)
@@ -188,14 +193,19 @@ class ModelRunner:
         return flags
 
     def _add_chunk(self, h: HostStep, c) -> None:
-        req, P = c.req, self.P
-        toks = req.tokens(c.start, c.end)
+        req, P, K = c.req, self.P, len(c.drafts)
+        toks = req.tokens(c.start, c.end - K) + c.drafts
         row0 = len(h.input_ids)
         h.holes += [(row0 + j, req.request_id) for j, t in enumerate(toks) if t < 0]
         h.input_ids += toks
         h.positions += range(c.start, c.end)
-        if self.engram_lookback:
-            h.engram_history += engram_history(req.tokens, c.start, c.end, self.engram_lookback)
+        if self.engram_lookback:  # the look-back of a draft position includes the drafts before it
+            base = c.end - K
+
+            def ids(a: int, b: int) -> list[int]:
+                return req.tokens(a, max(min(b, base), a)) + c.drafts[max(a - base, 0):max(b - base, 0)]
+
+            h.engram_history += engram_history(ids if K else req.tokens, c.start, c.end, self.engram_lookback)
         h.query_start_loc.append(len(h.input_ids))
         h.seq_lens.append(c.end)
         h.context_lens.append(c.start)
@@ -205,9 +215,10 @@ class ModelRunner:
                     h.prompt_logits.append(len(h.logits_indices))
                     h.logits_indices.append(row0 + p - c.start)
                     h.prompt_rows.append((req, p))
-        if c.sample:
-            h.sample_rows.append(SampleRow(req, c.end, len(h.logits_indices), c.epoch))
-            h.logits_indices.append(len(h.input_ids) - 1)
+        if c.sample:  # rows after the last real token and after each draft (verify: exact match)
+            for j in range(K + 1):
+                h.sample_rows.append(SampleRow(req, c.end - K + j, len(h.logits_indices), c.epoch, j, c.drafts))
+                h.logits_indices.append(len(h.input_ids) - 1 - K + j)
         for name, table in h.tables.items():
             table.append(req.block_ids[name])
         for name, slot in h.slots.items():
@@ -238,10 +249,11 @@ class ModelRunner:
             return self._launched(StepResult(sample_rows=sample_rows))
         logits = None
         decode = not prompt_rows and len(sample_rows) == len(out.chunks) == batch.num_tokens
+        hidden = self.drafter is not None and self.drafter.needs_hidden
         if self.graphs is not None and decode and self.graphs.accepts(batch):
             logits = self.graphs.run(batch)
         if logits is None:
-            logits = self.model.forward(batch)
+            logits = self.model.forward(batch, keep_hidden=True) if hidden else self.model.forward(batch)
         if logits.shape[0] != batch.logits_indices.shape[0]:
             raise RuntimeError(f"model returned {logits.shape[0]} logits rows, expected "
                                f"{batch.logits_indices.shape[0]} (one per logits_indices entry)")
@@ -249,16 +261,21 @@ class ModelRunner:
         if sample_rows:
             sampled = self.sampler(logits[step.sample_idx], step.sampling)
             res.sampled, res.logprobs, res.bad = sampled.tokens, sampled.logprobs, sampled.bad
-            res.index = {s.req.request_id: i for i, s in enumerate(sample_rows)}
+            res.index = {s.req.request_id: i for i, s in enumerate(sample_rows) if s.offset == 0}
             res.top = self.sampler.top_logprobs(logits[step.sample_idx],
                                                 max(r.req.params.top_logprobs for r in sample_rows))
         if prompt_rows:
             lp = self.ops.log_softmax(logits[step.prompt_idx])
             res.prompt_logprobs = lp.gather(1, step.prompt_targets[:, None])[:, 0]
+        if sample_rows and self.drafter is not None and self.drafter.on_device:
+            res.hidden = self.model.last_hidden if hidden else None
+            res.drafts = self.drafter.draft(self, out, step, res)
         return self._launched(res)
 
     def _launched(self, res: StepResult) -> StepResult:
-        res.download = self.transfer.download([res.sampled, res.logprobs, res.bad, res.prompt_logprobs])
+        res.download = self.transfer.download([res.sampled, res.logprobs, res.bad, res.prompt_logprobs,
+                                               res.drafts])
+        res.hidden = None  # read by the drafter only; not kept alive past the step
         return res
 
 
@@ -269,8 +286,10 @@ def _penalty_arrays(rows: list[SampleRow], prev: StepResult | None) -> dict:
     out_rows, out_ids, fill_at, fill_src, prompt_rows, prompt_ids = [], [], [], [], [], []
     for i, r in enumerate(rows):
         req = r.req
-        out_rows += [i] * len(req.output_token_ids)
-        out_ids += req.output_token_ids
+        # history of a verify row: the outputs and the drafts before it (kept only if all accepted)
+        hist = req.output_token_ids + r.drafts[:r.offset]
+        out_rows += [i] * len(hist)
+        out_ids += hist
         if req.num_placeholders > 1:
             fill_at.append(len(out_ids))
             fill_src.append(prev.index[req.request_id])

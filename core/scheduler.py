@@ -10,6 +10,13 @@ A scheduled chunk that reaches the end of the known tokens samples one token, wh
 as a placeholder until its value is on the host (that is what lets overlap mode schedule step
 N+1 before step N's samples are read back).
 
+Speculative decoding (core/spec) is the same rule: a decode chunk may carry the request's draft
+tokens after its last real token; it computes them too and samples at every position. `update`
+keeps the drafts that equal the target's own samples (core/spec/verify.py) plus the target's
+token at the first mismatch, then moves `num_computed_tokens` back to the verified tokens; the
+KV written for rejected drafts lies past that point, so the next step overwrites it before any
+query can read it, and blocks past the last real token are released (`KVCacheManager.trim`).
+
 `update` is the only place a step's results land: prompt logprobs, published KV blocks, sampled
 tokens, and every finish (stop, length, NaN, model fault, unschedulable); the engine only loops.
 """
@@ -24,6 +31,7 @@ from typing import Callable
 
 from shuili.core.kv_cache import KVCacheManager
 from shuili.core.request import Request, Status, check_stop
+from shuili.core.spec.verify import num_accepted
 
 NAN_ERROR = ("the model produced NaN (or all -inf) logits for this request (a numerical fault in the model, its "
              "weights or its dtype); it was stopped and its KV blocks freed. Check the checkpoint and "
@@ -37,6 +45,7 @@ class ScheduledChunk:
     num_tokens: int
     sample: bool  # the chunk ends at the last known token: sample the next one
     epoch: int
+    drafts: list[int] = field(default_factory=list)  # provisional tokens after the last real one
 
     @property
     def end(self) -> int:
@@ -68,6 +77,8 @@ class SampleRow:
     position: int
     logits_row: int
     epoch: int = 0  # the request's epoch when scheduled; a stale row is dropped
+    offset: int = 0  # j: the row samples the token after the chunk's j-th draft (0: after the real ones)
+    drafts: list[int] = field(default_factory=list)  # the chunk's drafts (rows 0..len(drafts) share them)
 
 
 @dataclass
@@ -80,6 +91,7 @@ class StepOutput:
     prompt_rows: list[tuple[Request, int]] = field(default_factory=list)  # (request, prompt position)
     prompt_logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] | None = None  # per row: the k most likely (id, logprob)
+    drafts: list[list[int]] | None = None  # per sampling chunk: a device drafter's next drafts
 
 
 class WaitingQueue:
@@ -164,6 +176,7 @@ class Scheduler:
         req.error = error
         req.epoch += 1
         req.num_placeholders = 0
+        req.verifying, req.draft_token_ids = 0, []
         self.kv.free(req)
         if was_running:
             self.running.remove(req)
@@ -187,6 +200,7 @@ class Scheduler:
         req.status = Status.WAITING
         req.num_computed_tokens = 0
         req.num_placeholders = 0  # an in-flight sample is dropped and recomputed, same value
+        req.verifying, req.draft_token_ids = 0, []
         req.epoch += 1
         req.num_preemptions += 1
         self.running.remove(req)
@@ -198,20 +212,35 @@ class Scheduler:
         return candidates[-1]
 
     # ------------------------------------------------------------------------------ schedule
-    def _chunk(self, req: Request, budget: int) -> tuple[int, bool]:
+    def _chunk(self, req: Request, budget: int) -> tuple[int, bool, list[int]]:
+        """(tokens to compute, whether to sample, drafts verified among those tokens)."""
+        if req.verifying:
+            return 0, False, []  # where its next token goes is known once the verify step lands
         if req.num_computed_tokens >= req.num_prompt_tokens and not req.wants_more(self.max_model_len):
             # overlap mode: the in-flight token is its last; its KV would never be read
-            return 0, False
+            return 0, False, []
         remaining = req.num_tokens - req.num_computed_tokens
         n = min(remaining, budget)
         sample = n == remaining and req.wants_more(self.max_model_len)
-        return n, sample
+        drafts = self._drafts(req, budget - n) if sample else []
+        return n + len(drafts), sample, drafts
 
-    def _commit(self, out: SchedulerOutput, req: Request, n: int, sample: bool) -> None:
-        out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, sample, req.epoch))
+    def _drafts(self, req: Request, room: int) -> list[int]:
+        """The drafts this step verifies: a verify step emits up to len + 1 tokens, so never more
+        than the request may still produce, nor more than the step's token budget has room for."""
+        if not req.draft_token_ids or req.num_placeholders > 1:
+            return []
+        k = min(len(req.draft_token_ids), room, req.token_limit(self.max_model_len) - req.num_tokens - 1)
+        return list(req.draft_token_ids[:max(k, 0)])
+
+    def _commit(self, out: SchedulerOutput, req: Request, n: int, sample: bool,
+                drafts: list[int] | None = None) -> None:
+        out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, sample, req.epoch, drafts or []))
         req.num_computed_tokens += n
+        req.draft_token_ids = []  # consumed: the chunk holds the ones it verifies
         if sample:
             req.num_placeholders += 1
+        req.verifying = len(drafts or ())
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -223,15 +252,20 @@ class Scheduler:
         self._forced.clear()
         budget = self.max_num_batched_tokens
         for req in self.running:  # every sequence, also those the budget leaves out (core/kv_sizing.py)
-            self.kv.release_out_of_window(req)
+            if not req.verifying:  # a verify step in flight may still roll its computed count back
+                self.kv.release_out_of_window(req)
         for req in list(self.running):
             if budget <= 0:
                 break
             if req.status is not Status.RUNNING:
                 continue  # preempted earlier in this step
-            n, sample = self._chunk(req, budget)
+            if req.verifying:
+                continue  # its computed count drops to the accepted drafts when the step lands
+            n, sample, drafts = self._chunk(req, budget)
             if n <= 0:
                 continue  # all known tokens computed; waiting for a sample or a finish
+            if drafts and not self.kv.allocate(req, n):
+                n, drafts = n - len(drafts), []  # drafts are optional: never preempt for them
             while not self.kv.allocate(req, n):
                 victim = self._victim(self.running)
                 budget += self._unschedule(out, victim)
@@ -240,7 +274,7 @@ class Scheduler:
                 if victim is req:
                     break
             if req.status is Status.RUNNING:
-                self._commit(out, req, n, sample)
+                self._commit(out, req, n, sample, drafts)
                 budget -= n
         if not out.preempted:
             self._admit(out, budget)
@@ -271,14 +305,14 @@ class Scheduler:
                 return
             hit_tokens, hits = self.kv.find_cached(req)
             req.num_computed_tokens = hit_tokens
-            n, sample = self._chunk(req, budget)
+            n, sample, drafts = self._chunk(req, budget)
             if not self.kv.allocate(req, n, hits):
                 req.num_computed_tokens = 0
                 return  # admission never preempts: wait for blocks to come back
             self.waiting.pop()
             req.status = Status.RUNNING
             self.running.append(req)
-            self._commit(out, req, n, sample)
+            self._commit(out, req, n, sample, drafts)
             budget -= n
 
     # -------------------------------------------------------------------------------- update
@@ -290,20 +324,48 @@ class Scheduler:
             if c.current:
                 self.kv.publish(c.req, c.end)
         touched = []
-        for i, (row, token, logprob, bad) in enumerate(zip(result.rows, result.tokens, result.logprobs,
-                                                           result.bad)):
+        i, g = 0, 0
+        while i < len(result.rows):  # one group per sampling chunk: 1 + len(drafts) rows
+            row = result.rows[i]
+            n = 1 + len(row.drafts)
             req = row.req
-            if req.epoch != row.epoch or req.status is not Status.RUNNING:
-                continue  # preempted, aborted or finished since it was scheduled
-            req.num_placeholders -= 1
-            if bad:
-                self.finish(req, "error", NAN_ERROR)
-            else:
-                if result.top is not None and req.params.top_logprobs:
-                    req.top_logprobs.append(result.top[i][:req.params.top_logprobs])
-                self._append(req, token, logprob)
-            touched.append(req)
+            if req.epoch == row.epoch and req.status is Status.RUNNING:  # else preempted/aborted/finished
+                keep = 1 + num_accepted(row.drafts, result.tokens[i:i + n]) if row.drafts else 1
+                self._land(req, result, i, keep, row.drafts)
+                if result.drafts is not None and not req.finished and not req.verifying:
+                    self._install(req, result.drafts[g])
+                touched.append(req)
+            i, g = i + n, g + 1
         return touched
+
+    @staticmethod
+    def _install(req: Request, drafts: list[int]) -> None:
+        """A device drafter's drafts follow this step's sample. With the next step's token in
+        flight (overlap mode) the first draft is the guess for that token and the rest follow it."""
+        if req.num_placeholders <= 1:
+            req.draft_token_ids = list(drafts[req.num_placeholders:])
+
+    def _land(self, req: Request, result: StepOutput, i: int, keep: int, drafts: list[int]) -> None:
+        """Append rows i .. i + keep - 1 (the accepted drafts' tokens and the target's next one)."""
+        req.num_placeholders -= 1
+        req.num_sample_steps += 1
+        if drafts:
+            req.verifying = 0
+        req.num_draft_proposed += len(drafts)
+        req.num_draft_accepted += keep - 1
+        for j in range(i, i + keep):
+            if result.bad[j]:
+                self.finish(req, "error", NAN_ERROR)
+                return
+            if result.top is not None and req.params.top_logprobs:
+                req.top_logprobs.append(result.top[j][:req.params.top_logprobs])
+            self._append(req, result.tokens[j], result.logprobs[j])
+            if req.finished:
+                return
+        if drafts:
+            # KV is valid up to the last accepted draft; the last real token is computed next step
+            req.num_computed_tokens = req.num_real_tokens - 1
+            self.kv.trim(req, req.num_real_tokens)
 
     def fail(self, out: SchedulerOutput, error: str) -> None:
         """The step could not run (a model fault): its requests finish with the error."""
@@ -328,5 +390,8 @@ class Scheduler:
         assert len(set(map(id, self.running))) == len(self.running), "a request runs twice"
         for req in self.running:
             assert req.status is Status.RUNNING
-            assert 0 <= req.num_computed_tokens <= req.num_tokens
+            assert 0 <= req.num_computed_tokens <= req.num_tokens + req.verifying, (
+                f"{req.request_id}: {req.num_computed_tokens} computed, {req.num_tokens} tokens, "
+                f"{req.verifying} drafts in flight")
+            assert not (req.verifying and req.draft_token_ids), "new drafts while a verify step is in flight"
         self.kv.check_integrity()

@@ -16,12 +16,13 @@ def known_models() -> list[str]:
 
 
 def load_model(name_or_path: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32",
-               seed: int = 0):
-    """Build or load a model. Errors name the problem and the fix."""
+               seed: int = 0, with_mtp: bool = False):
+    """Build or load a model (with_mtp: DeepSeek-V4's MTP block and its cache, for speculative
+    decoding; other models ignore it). Errors name the problem and the fix."""
     if name_or_path in V4_NAMES:
         from shuili.core.models import deepseek_v4
 
-        return deepseek_v4.build(name_or_path, ops, device=device, dtype=dtype, seed=seed)
+        return deepseek_v4.build(name_or_path, ops, device=device, dtype=dtype, seed=seed, with_mtp=with_mtp)
     if name_or_path in V41_NAMES:
         from shuili.core.models import deepseek_v41
 
@@ -48,7 +49,7 @@ def load_model(name_or_path: str, ops: DispatchTable, device: str = "cpu", dtype
         if model_type == "deepseek_v4":
             from shuili.core.models import deepseek_v4
 
-            return deepseek_v4.load_checkpoint(name_or_path, ops, device=device, dtype=dtype)
+            return deepseek_v4.load_checkpoint(name_or_path, ops, device=device, dtype=dtype, with_mtp=with_mtp)
         if model_type in ("deepseek_v41", "deepseek_v41_text"):
             from shuili.core.models import deepseek_v41
 

@@ -283,9 +283,11 @@ class DeepseekV4Model:
         self.last_hidden = x if keep_hidden else None
         return self._logits(x[batch.logits_indices], self.hc_head, self.norm)
 
-    def forward_mtp(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
+    def forward_mtp(self, batch: ForwardBatch, hidden: torch.Tensor, keep_hidden: bool = False) -> torch.Tensor:
         """The MTP block: batch.input_ids are the NEXT tokens (t+1) at positions t, hidden [T, m, D]
-        the main model's pre-head streams at t; returns logits for t+2 at logits_indices."""
+        the main model's pre-head streams at t; returns logits for t+2 at logits_indices.
+        keep_hidden: `last_mtp_hidden` = the block's output streams at logits_indices (the hidden a
+        chained MTP step at t+1 reads, core/spec/mtp.py)."""
         if self.mtp is None or not self.with_mtp:
             raise RuntimeError("this model was built without its MTP block (with_mtp=False or no mtp.* weights)")
         ops, cfg, mt = self.ops, self.cfg, self.mtp
@@ -295,6 +297,7 @@ class DeepseekV4Model:
         hn = ops.rms_norm(hidden.reshape(T * m, D), mt.hnorm, cfg.rms_norm_eps)
         x = ops.linear(e, mt.e_proj)[:, None, :] + ops.linear(hn, mt.h_proj).view(T, m, D)
         x = self._block(mt.block, cfg.num_hidden_layers, x, meta, batch.input_ids)
+        self.last_mtp_hidden = x[batch.logits_indices] if keep_hidden else None
         return self._logits(x[batch.logits_indices], mt.hc_head, mt.norm)
 
     # ---------------------------------------------------------------- pieces
