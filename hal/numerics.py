@@ -65,7 +65,15 @@ def to_fixed(x: torch.Tensor, bits: int, e: torch.Tensor | None = None) -> tuple
     e [..., 1] the row's `exponent_bound` unless given (then |x| < 2**e must hold)."""
     if e is None:
         e = exponent_bound(x)
-    return (x.to(torch.float64) * pow2((bits - e).clamp(-1022, 1023))).round_(), e
+    return _widen_mul(x, pow2((bits - e).clamp(-1022, 1023))).round_(), e
+
+
+def _widen_mul(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x.to(float64) * s for a float64 s with x's number of dims, in one pass: type promotion widens
+    x's elements exactly on the fly (a 0-dim s would not promote a float32 x, hence the check)."""
+    if s.dim() != x.dim():
+        return x.to(torch.float64) * s
+    return x * s
 
 
 def fixed_matmul(qa: torch.Tensor, ea: torch.Tensor, pa: int, qb: torch.Tensor, eb: torch.Tensor,
@@ -114,8 +122,8 @@ def dot_pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """
     pb = _PV_BITS
     ev = exponent_bound(v)  # [..., n, 1]
-    qv = (v.to(torch.float64) * pow2(pb - ev)).round_()  # [..., n, D]
-    pn = p.to(torch.float64) * pow2(ev).transpose(-1, -2)
+    qv = _widen_mul(v, pow2(pb - ev)).round_()  # [..., n, D]
+    pn = _widen_mul(p, pow2(ev).transpose(-1, -2))
     ea = exponent_bound(pn)  # [..., M, 1]
     count = (pn != 0).sum(-1, keepdim=True).clamp_min(1)
     pa = 53 - pb - torch.ceil(torch.log2(count.to(torch.float64))).to(torch.int64)

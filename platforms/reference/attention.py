@@ -23,8 +23,8 @@ def _gqa_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     bsz, t, h, d = q.shape
     kvh = k.shape[2]
     qg = q.reshape(bsz, t, kvh, h // kvh, d).permute(0, 2, 1, 3, 4).reshape(bsz, kvh, t * (h // kvh), d)
-    lg = numerics.dot(qg, k.permute(0, 2, 1, 3))  # [B, KVH, T * G, n]
-    return lg.reshape(bsz, kvh, t, h // kvh, -1).permute(0, 2, 1, 3, 4).reshape(bsz, t, h, -1) * scale
+    lg = numerics.dot(qg, k.permute(0, 2, 1, 3)).mul_(scale)  # [B, KVH, T * G, n]
+    return lg.reshape(bsz, kvh, t, h // kvh, -1).permute(0, 2, 1, 3, 4).reshape(bsz, t, h, -1)
 
 
 def _gqa_weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -147,9 +147,10 @@ def _attend_group(out: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor, vf: tor
     seen = j[None, :] < n_keys[:, None]  # [B, N]
     entry = torch.where(seen, lo0[:, None] + j[None, :], 0)
     slots = torch.gather(table, 1, entry // bs) * bs + entry % bs
-    mask = seen[:, :, None, None]
-    k = torch.where(mask, kf[slots].to(torch.float32), 0.0)  # [B, N, KVH, D]
-    v = torch.where(mask, vf[slots].to(torch.float32), 0.0)
+    # padded keys read the sequence's key 0; their logits never reach a softmax row (masked or not
+    # gathered), but their values are zeroed, so that no 0 * inf can reach a real row's p V
+    k = kf[slots].to(torch.float32)  # [B, N, KVH, D]
+    v = torch.where(seen[:, :, None, None], vf[slots].to(torch.float32), 0.0)
     i = torch.arange(int(q_len.max()))
     real = i[None, :] < q_len[:, None]  # [B, Tq]
     rows = torch.where(real, start[:, None] + i[None, :], 0)
