@@ -20,6 +20,9 @@ from shuili.hal import numerics
 _FIXED_CACHE: "weakref.WeakKeyDictionary[Weight, tuple]" = weakref.WeakKeyDictionary()
 
 
+_CHUNK_ELEMENTS = 1 << 22  # rows of x per float64 product: at most ~32 MB of it (a prefill's lm_head)
+
+
 def _check_weight(w: Weight) -> None:
     if not isinstance(w, Weight):
         raise TypeError(f"expected a shuili.hal.types.Weight, got {type(w).__name__}; wrap dense "
@@ -79,7 +82,13 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torc
         raise ValueError(f"linear takes x [T, K], got shape {tuple(x.shape)}; flatten tokens first")
     if x.shape[1] != w.in_features:
         raise ValueError(f"x has {x.shape[1]} features but the weight expects {w.in_features}")
-    y = fixed_linear(x.to(torch.float32), weight_fixed(w))
+    fw = weight_fixed(w)
+    xf = x.to(torch.float32)
+    rows = max(1, _CHUNK_ELEMENTS // w.out_features)
+    if xf.shape[0] <= rows:
+        y = fixed_linear(xf, fw)
+    else:  # a row's bits depend only on that row: chunks bound the float64 product's memory
+        y = torch.cat([fixed_linear(c, fw) for c in xf.split(rows)])
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype)
