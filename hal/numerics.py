@@ -44,14 +44,14 @@ def pow2(n: torch.Tensor) -> torch.Tensor:
 def exponent_bound(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """int64 e (keepdim along `dim`) with max |x| < 2**e, read from the bits of the float64 max;
     all-zero slices give 0. Non-finite maxima give e = 1025 - 1022 (they propagate as inf/nan)."""
-    x = x.to(torch.float64)
     if x.shape[dim] == 0:
         shape = list(x.shape)
         shape[dim] = 1
         return torch.zeros(shape, dtype=torch.int64)
-    m = x.abs().amax(dim, keepdim=True)
+    # the max of |x| is exact in x's own dtype: widen only the [..., 1] maxima, not all of x
+    m = x.abs().amax(dim, keepdim=True).to(torch.float64)
     e = ((m.view(torch.int64) >> 52) & 0x7FF) - 1022
-    return torch.where(m > 0, e.clamp_min(_MIN_EXP), torch.zeros_like(e)).clamp_max(1023)
+    return torch.where(m > 0, e.clamp(_MIN_EXP, 1023), 0)
 
 
 def dot_bits(k: int) -> tuple[int, int]:
@@ -63,10 +63,17 @@ def dot_bits(k: int) -> tuple[int, int]:
 def to_fixed(x: torch.Tensor, bits: int, e: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] -> (q, e): q = round(x * 2**(bits - e)) as integer-valued float64 with |q| <= 2**bits,
     e [..., 1] the row's `exponent_bound` unless given (then |x| < 2**e must hold)."""
-    x64 = x.to(torch.float64)
     if e is None:
-        e = exponent_bound(x64)
-    return torch.round(x64 * pow2((bits - e).clamp(-1022, 1023))), e
+        e = exponent_bound(x)
+    return _widen_mul(x, pow2((bits - e).clamp(-1022, 1023))).round_(), e
+
+
+def _widen_mul(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x.to(float64) * s for a float64 s with x's number of dims, in one pass: type promotion widens
+    x's elements exactly on the fly (a 0-dim s would not promote a float32 x, hence the check)."""
+    if s.dim() != x.dim():
+        return x.to(torch.float64) * s
+    return x * s
 
 
 def fixed_matmul(qa: torch.Tensor, ea: torch.Tensor, pa: int, qb: torch.Tensor, eb: torch.Tensor,
@@ -74,11 +81,17 @@ def fixed_matmul(qa: torch.Tensor, ea: torch.Tensor, pa: int, qb: torch.Tensor, 
     """qa [..., M, K] (row exponents ea [..., M, 1]) times qb [..., N, K]^T (eb [..., N, 1]) -> float32
     [..., M, N]: the exact integer products summed by float64 BLAS (exact by `dot_bits`), scaled
     back by two exact power-of-two multiplies, rounded once to float32. A zero sum is +0."""
-    # + 0.0: an exact zero sum is +0 whatever the order (-0 + +0 = +0; a lone -0 product stays -0)
-    acc = torch.matmul(qa, qb.transpose(-1, -2)) + 0.0
-    sa = pow2((ea - pa).clamp(-1022, 1023))
     sb = pow2((eb - pb).clamp(-1022, 1023)).transpose(-1, -2)
-    return (acc * sa * sb).to(torch.float32)
+    return scaled_matmul(qa, pow2((ea - pa).clamp(-1022, 1023)), qb, sb)
+
+
+def scaled_matmul(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """`fixed_matmul` with its power-of-two row scales given: sa [..., M, 1], sb [..., 1, N] float64
+    (a caller with a fixed weight computes sb once)."""
+    # + 0.0: an exact zero sum is +0 whatever the order (-0 + +0 = +0; a lone -0 product stays -0);
+    # in place on the fresh product, the same roundings as (acc + 0.0) * sa * sb
+    acc = torch.matmul(qa, qb.transpose(-1, -2))
+    return acc.add_(0.0).mul_(sa).mul_(sb).to(torch.float32)
 
 
 def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -109,17 +122,17 @@ def dot_pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """
     pb = _PV_BITS
     ev = exponent_bound(v)  # [..., n, 1]
-    qv = torch.round(v.to(torch.float64) * pow2(pb - ev)).transpose(-1, -2)  # [..., D, n]
-    pn = p.to(torch.float64) * pow2(ev).transpose(-1, -2)
+    qv = _widen_mul(v, pow2(pb - ev)).round_()  # [..., n, D]
+    pn = _widen_mul(p, pow2(ev).transpose(-1, -2))
     ea = exponent_bound(pn)  # [..., M, 1]
     count = (pn != 0).sum(-1, keepdim=True).clamp_min(1)
     pa = 53 - pb - torch.ceil(torch.log2(count.to(torch.float64))).to(torch.int64)
-    scaled = pn * pow2((pa - ea).clamp(-1022, 1023))
+    scaled = pn.mul_(pow2((pa - ea).clamp(-1022, 1023)))
     hi = torch.round(scaled)
-    lo = torch.round((scaled - hi) * pow2(pa))  # scaled - hi is exact: |.| <= 1/2 on hi's grid
-    acc_hi = torch.matmul(hi, qv.transpose(-1, -2)) + 0.0  # + 0.0: see fixed_matmul
-    acc_lo = torch.matmul(lo, qv.transpose(-1, -2)) + 0.0
-    out = acc_hi * pow2((ea - pa - pb).clamp(-1022, 1023)) + acc_lo * pow2((ea - 2 * pa - pb).clamp(-1022, 1023))
+    lo = scaled.sub_(hi).mul_(pow2(pa)).round_()  # scaled - hi is exact: |.| <= 1/2 on hi's grid
+    acc_hi = torch.matmul(hi, qv).add_(0.0)  # + 0.0: see fixed_matmul
+    acc_lo = torch.matmul(lo, qv).add_(0.0)
+    out = acc_hi.mul_(pow2((ea - pa - pb).clamp(-1022, 1023))).add_(acc_lo.mul_(pow2((ea - 2 * pa - pb).clamp(-1022, 1023))))
     return out.to(torch.float32)
 
 
@@ -134,9 +147,12 @@ def tree_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     width = 1 << (n - 1).bit_length()
     if width != n:
         x = torch.nn.functional.pad(x, (0, width - n))
+    fresh = False  # the first level reads the caller's x, so it allocates; the middle ones reuse it
     while width > 1:
         width //= 2
-        x = x[..., :width] + x[..., width:]
+        lo, hi = x.split(width, -1)
+        x = lo.add_(hi) if fresh and width > 1 else lo + hi  # the last level: a compact result
+        fresh = True
     return x[..., 0]
 
 
@@ -145,14 +161,17 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
     Input is clamped to [-745, 709]; float32 callers clamp tighter (see `exp`).
     """
     x = x.to(torch.float64).clamp(-745.0, 709.0)
-    n = torch.round(x * _INV_LN2)
-    r = (x - n * _LN2_HI) - n * _LN2_LO
-    p = torch.full_like(r, _EXP_COEFFS[-1])
-    for c in reversed(_EXP_COEFFS[:-1]):
-        p = p * r + c
+    n = (x * _INV_LN2).round_()
+    r = x.sub_(n * _LN2_HI).sub_(n * _LN2_LO)  # x is clamp's fresh copy: reuse it
+    p = r * _EXP_COEFFS[-1] + _EXP_COEFFS[-2]
+    for c in reversed(_EXP_COEFFS[:-2]):
+        p.mul_(r).add_(c)  # in place: the same two roundings per step as p * r + c
+    if not p.numel() or float(n.min()) >= -1000.0:
+        # p * 2^n rounds once from the exact p 2^n, as the two-factor form below does
+        return p.mul_(pow2(n))
     # split 2^n in two factors so n near the ends of the range stays inside the exponent field
     half = torch.floor(n * 0.5)
-    return p * pow2(half) * pow2(n - half)
+    return p.mul_(pow2(half)).mul_(pow2(n - half))
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
@@ -251,13 +270,13 @@ def pow_f32(base: float, y: torch.Tensor) -> torch.Tensor:
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """float32 1 / (1 + exp(-x)), evaluated in float64 and rounded once."""
     x = x.to(torch.float64).clamp(-745.0, 709.0)
-    return (1.0 / (1.0 + exp64(-x))).to(torch.float32)
+    return exp64(-x).add_(1.0).reciprocal_().to(torch.float32)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """float32 x * sigmoid(x), evaluated in float64 and rounded once."""
     x64 = x.to(torch.float64)
-    return (x64 / (1.0 + exp64(-x64.clamp(-745.0, 709.0)))).to(torch.float32)
+    return torch.div(x64, exp64(-x64.clamp(-745.0, 709.0)).add_(1.0)).to(torch.float32)
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:

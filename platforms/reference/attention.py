@@ -23,8 +23,8 @@ def _gqa_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     bsz, t, h, d = q.shape
     kvh = k.shape[2]
     qg = q.reshape(bsz, t, kvh, h // kvh, d).permute(0, 2, 1, 3, 4).reshape(bsz, kvh, t * (h // kvh), d)
-    lg = numerics.dot(qg, k.permute(0, 2, 1, 3))  # [B, KVH, T * G, n]
-    return lg.reshape(bsz, kvh, t, h // kvh, -1).permute(0, 2, 1, 3, 4).reshape(bsz, t, h, -1) * scale
+    lg = numerics.dot(qg, k.permute(0, 2, 1, 3)).mul_(scale)  # [B, KVH, T * G, n]
+    return lg.reshape(bsz, kvh, t, h // kvh, -1).permute(0, 2, 1, 3, 4).reshape(bsz, t, h, -1)
 
 
 def _gqa_weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -56,17 +56,54 @@ def _aligned_softmax(logits: torch.Tensor, first: torch.Tensor, count: torch.Ten
     width = int(count.max()) if t else 0
     j = torch.arange(width)
     valid = j[None, :] < count[:, None]  # [T, width]
+    extra = None if sinks is None else sinks.to(torch.float32)
+    if t and not bool(first.any()):
+        # every row's keys already start at column 0: masking in place is the same move
+        rows = torch.where(valid[:, None, :], logits[..., :width], float("-inf"))
+        p = torch.zeros(t, h, n, dtype=torch.float32)
+        p[..., :width] = numerics.softmax_last(rows, extra)
+        return p
     # padding reads and writes column n, a spare one, so no two writes of a row hit one column
     src = torch.where(valid, first[:, None] + j[None, :], torch.full((t, width), n))
     spare = torch.cat([logits, torch.full((t, h, 1), float("-inf"))], 2)
     rows = torch.gather(spare, 2, src[:, None, :].expand(t, h, width))
-    pr = numerics.softmax_last(rows, None if sinks is None else sinks.to(torch.float32))
+    pr = numerics.softmax_last(rows, extra)
     p = torch.zeros(t, h, n + 1, dtype=torch.float32)
     return p.scatter_(2, src[:, None, :].expand(t, h, width), pr)[..., :n]
 
 
 def _slots(block_table: torch.Tensor, entries: torch.Tensor, block_size: int) -> torch.Tensor:
     return block_table.to(torch.int64)[entries // block_size] * block_size + entries % block_size
+
+
+def _check_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contract's preconditions of `paged_attention`; returns (q_lens, seq_lens) as int64 [B]."""
+    t, h, d = q.shape
+    nb, bs, kvh, dk = k_cache.shape
+    if v_cache.shape[:3] != k_cache.shape[:3] or dk != d:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not "
+                         f"match q {tuple(q.shape)} (want [num_blocks, block_size, KVH, {d}])")
+    if h % kvh:
+        raise ValueError(f"{h} query heads are not a multiple of {kvh} kv heads")
+    qsl = query_start_loc.to(torch.int64)
+    lens = seq_lens.to(torch.int64)
+    if qsl.shape != (lens.shape[0] + 1,) or int(qsl[0]) != 0 or int(qsl[-1]) != t:
+        raise ValueError(f"query_start_loc {qsl.tolist()} must have B+1 = {lens.shape[0] + 1} entries "
+                         f"from 0 to the {t} query tokens")
+    q_lens = qsl[1:] - qsl[:-1]
+    bad = torch.nonzero(q_lens > lens).flatten()
+    if bad.numel():
+        b = int(bad[0])
+        raise ValueError(f"sequence {b} has {int(q_lens[b])} queries but only {int(lens[b])} cached "
+                         "tokens; seq_lens must include this step's tokens")
+    blocks = (lens + bs - 1) // bs
+    bad = torch.nonzero(blocks > block_tables.shape[1]).flatten()
+    if bad.numel():
+        b = int(bad[0])
+        raise ValueError(f"sequence {b} needs {int(blocks[b])} blocks, block_tables has "
+                         f"{block_tables.shape[1]} columns")
+    return q_lens, lens
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -76,58 +113,54 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Causal (optionally sliding-window) attention: query at position p reads kv positions
     max(0, p - window + 1) .. p in increasing order; logits q K^T * scale (`numerics.dot`), softmax
     as in the module doc, output p V (`numerics.dot_pv`).
+
+    Sequences are attended together, decode rows (one query) in one batch and longer query runs in
+    another (so a prefill's query padding does not multiply the decode rows' work), keys and
+    queries padded with zeros, which changes no bit of a real row (see the module doc).
     """
     t, h, d = q.shape
+    q_lens, lens = _check_paged(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     nb, bs, kvh, dk = k_cache.shape
-    if v_cache.shape[:3] != k_cache.shape[:3] or dk != d:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not "
-                         f"match q {tuple(q.shape)} (want [num_blocks, block_size, KVH, {d}])")
-    if h % kvh:
-        raise ValueError(f"{h} query heads are not a multiple of {kvh} kv heads")
-    qsl = query_start_loc.tolist()
-    lens = seq_lens.tolist()
-    if len(qsl) != len(lens) + 1 or qsl[0] != 0 or qsl[-1] != t:
-        raise ValueError(f"query_start_loc {qsl} must have B+1 = {len(lens) + 1} entries from 0 to "
-                         f"the {t} query tokens")
     kf = k_cache.view(nb * bs, kvh, dk)
     vf = v_cache.view(nb * bs, kvh, v_cache.shape[-1])
     qf = q.to(torch.float32)
     out = torch.zeros(t, h, v_cache.shape[-1], dtype=torch.float32)
-    singles = []  # decode rows (one query each): attended together, keys padded with zeros
-    for b, length in enumerate(lens):
-        q_len = qsl[b + 1] - qsl[b]
-        if q_len > length:
-            raise ValueError(f"sequence {b} has {q_len} queries but only {length} cached tokens; "
-                             "seq_lens must include this step's tokens")
-        if -(-length // bs) > block_tables.shape[1]:
-            raise ValueError(f"sequence {b} needs {-(-length // bs)} blocks, block_tables has "
-                             f"{block_tables.shape[1]} columns")
-        if q_len == 1:
-            singles.append(b)
-        elif q_len > 1:
-            first = length - q_len
-            lo0 = max(0, first - window + 1) if window > 0 else 0
-            slots = _slots(block_tables[b], torch.arange(lo0, length), bs)
-            pos = torch.arange(first, length)
-            lo = (pos - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(pos)
-            o = _attend(qf[None, qsl[b]:qsl[b + 1]], kf[slots][None].to(torch.float32),
-                        vf[slots][None].to(torch.float32), (lo - lo0)[None], (pos + 1 - lo)[None], scale, sinks)
-            out[qsl[b]:qsl[b + 1]] = o[0]
-    if singles:
-        rows = torch.tensor([qsl[b] for b in singles])
-        length = torch.tensor([lens[b] for b in singles])
-        lo = (length - window).clamp_min(0) if window > 0 else torch.zeros_like(length)
-        count = length - lo
-        j = torch.arange(int(count.max()))
-        seen = j[None, :] < count[:, None]  # [S, n]
-        entries = torch.where(seen, lo[:, None] + j[None, :], torch.zeros_like(seen, dtype=torch.int64))
-        slots = torch.stack([_slots(block_tables[b], entries[i], bs) for i, b in enumerate(singles)])
-        mask = seen[:, :, None, None]
-        k = torch.where(mask, kf[slots].to(torch.float32), 0.0)
-        v = torch.where(mask, vf[slots].to(torch.float32), 0.0)
-        o = _attend(qf[rows][:, None], k, v, torch.zeros_like(count)[:, None], count[:, None], scale, sinks)
-        out[rows] = o[:, 0]
+    starts = query_start_loc.to(torch.int64)[:-1]
+    for group in (q_lens == 1, q_lens > 1):
+        seqs = torch.nonzero(group).flatten()
+        if seqs.numel():
+            _attend_group(out, qf, kf, vf, block_tables.to(torch.int64)[seqs], lens[seqs], q_lens[seqs],
+                          starts[seqs], bs, scale, window, sinks)
     return out.to(q.dtype)
+
+
+def _attend_group(out: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, table: torch.Tensor,
+                  length: torch.Tensor, q_len: torch.Tensor, start: torch.Tensor, bs: int, scale: float,
+                  window: int, sinks: torch.Tensor | None) -> None:
+    """Sequences b (table [B, blocks], length, q_len, start [B]) into out[start_b : start_b + q_len_b].
+    Keys lo0_b .. length_b - 1 (lo0 the window start of the first query) fill a zero-padded
+    [B, N] key block; queries a zero-padded [B, Tq] block."""
+    first_pos = length - q_len  # position of each sequence's first query
+    lo0 = (first_pos - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(length)
+    n_keys = length - lo0
+    j = torch.arange(int(n_keys.max()))
+    seen = j[None, :] < n_keys[:, None]  # [B, N]
+    entry = torch.where(seen, lo0[:, None] + j[None, :], 0)
+    slots = torch.gather(table, 1, entry // bs) * bs + entry % bs
+    # padded keys read the sequence's key 0; their logits never reach a softmax row (masked or not
+    # gathered), but their values are zeroed, so that no 0 * inf can reach a real row's p V
+    k = kf[slots].to(torch.float32)  # [B, N, KVH, D]
+    v = torch.where(seen[:, :, None, None], vf[slots].to(torch.float32), 0.0)
+    i = torch.arange(int(q_len.max()))
+    real = i[None, :] < q_len[:, None]  # [B, Tq]
+    rows = torch.where(real, start[:, None] + i[None, :], 0)
+    qb = torch.where(real[:, :, None, None], qf[rows], 0.0)  # [B, Tq, H, D]
+    pos = first_pos[:, None] + i[None, :]
+    lo = (pos - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(pos)
+    count = torch.where(real, pos + 1 - lo, 0)
+    first = torch.where(real, lo - lo0[:, None], 0)
+    o = _attend(qb, k, v, first, count, scale, sinks)  # [B, Tq, H, Dv]
+    out[rows[real]] = o[real]
 
 
 def _rows(cache: torch.Tensor, fmt: str, dim: int, ids: torch.Tensor) -> torch.Tensor:

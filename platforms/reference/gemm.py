@@ -9,14 +9,18 @@ size, the CPU's ISA or the BLAS. The weight's grid is computed once and cached p
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import torch
 
 from shuili.hal.types import Weight
 from shuili.hal import numerics
 
-# Weight -> (data version, q [..., N, K] float64, e [..., N, 1] int64, bits)
+# Weight -> (data version, FixedWeight)
 _FIXED_CACHE: "weakref.WeakKeyDictionary[Weight, tuple]" = weakref.WeakKeyDictionary()
+
+
+_CHUNK_ELEMENTS = 1 << 22  # rows of x per float64 product: at most ~32 MB of it (a prefill's lm_head)
 
 
 def _check_weight(w: Weight) -> None:
@@ -33,25 +37,37 @@ def weight_f32(w: Weight) -> torch.Tensor:
     return dequantize_weight(w).contiguous()
 
 
-def weight_fixed(w: Weight) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(q, e, pb): the weight's rows on their fixed-point grids (`numerics.to_fixed`) with the bits
-    `numerics.dot_bits` gives the weight side for K = in_features; cached until the data changes."""
+class FixedWeight(NamedTuple):
+    """A weight's rows on their fixed-point grids (`numerics.to_fixed`, the weight side's bits of
+    `numerics.dot_bits` for K = in_features): q [..., N, K] float64 integers, e [..., N, 1] the row
+    exponents, pb the bits, scale [..., 1, N] = 2**(e - pb) (`numerics.fixed_matmul`'s sb)."""
+    q: torch.Tensor
+    e: torch.Tensor
+    pb: int
+    scale: torch.Tensor
+
+
+def weight_fixed(w: Weight) -> FixedWeight:
+    """The weight's `FixedWeight`, computed once and cached until the data changes."""
     _check_weight(w)
     version = (w.data._version, w.data.data_ptr())
     hit = _FIXED_CACHE.get(w)
     if hit is not None and hit[0] == version:
-        return hit[1], hit[2], hit[3]
+        return hit[1]
     pb = numerics.dot_bits(w.in_features)[1]
     q, e = numerics.to_fixed(weight_f32(w), pb)
-    _FIXED_CACHE[w] = (version, q, e, pb)
-    return q, e, pb
+    fw = FixedWeight(q, e, pb, numerics.pow2((e - pb).clamp(-1022, 1023)).transpose(-1, -2))
+    _FIXED_CACHE[w] = (version, fw)
+    return fw
 
 
-def fixed_linear(x: torch.Tensor, q: torch.Tensor, e: torch.Tensor, pb: int) -> torch.Tensor:
-    """float32 x [M, K] times a weight grid (q [N, K], e [N, 1]) -> float32 [M, N]."""
+def fixed_linear(x: torch.Tensor, fw: FixedWeight, expert: int | None = None) -> torch.Tensor:
+    """float32 x [M, K] times a weight grid (of group `expert` of a grouped weight) -> float32 [M, N];
+    the bits of `numerics.fixed_matmul`."""
+    q, scale = (fw.q, fw.scale) if expert is None else (fw.q[expert], fw.scale[expert])
     pa = numerics.dot_bits(x.shape[-1])[0]
     qa, ea = numerics.to_fixed(x, pa)
-    return numerics.fixed_matmul(qa, ea, pa, q, e, pb)
+    return numerics.scaled_matmul(qa, numerics.pow2((ea - pa).clamp(-1022, 1023)), q, scale)
 
 
 def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -66,7 +82,13 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torc
         raise ValueError(f"linear takes x [T, K], got shape {tuple(x.shape)}; flatten tokens first")
     if x.shape[1] != w.in_features:
         raise ValueError(f"x has {x.shape[1]} features but the weight expects {w.in_features}")
-    y = fixed_linear(x.to(torch.float32), *weight_fixed(w))
+    fw = weight_fixed(w)
+    xf = x.to(torch.float32)
+    rows = max(1, _CHUNK_ELEMENTS // w.out_features)
+    if xf.shape[0] <= rows:
+        y = fixed_linear(xf, fw)
+    else:  # a row's bits depend only on that row: chunks bound the float64 product's memory
+        y = torch.cat([fixed_linear(c, fw) for c in xf.split(rows)])
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype)
@@ -93,13 +115,13 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor) -> tor
         raise ValueError(f"grouped_linear needs an [E, N, K] weight, got {tuple(w.shape)}")
     if x.dim() != 2 or x.shape[1] != w.in_features:
         raise ValueError(f"grouped_linear takes x [M, {w.in_features}], got {tuple(x.shape)}")
-    q, ex, pb = weight_fixed(w)
-    offs = _offsets(group_sizes, q.shape[0], x.shape[0])
+    fw = weight_fixed(w)
+    offs = _offsets(group_sizes, fw.q.shape[0], x.shape[0])
     out = torch.zeros(x.shape[0], w.out_features, dtype=torch.float32)
     xf = x.to(torch.float32)
-    for e in range(q.shape[0]):
+    for e in range(fw.q.shape[0]):
         if offs[e + 1] > offs[e]:
-            out[offs[e]:offs[e + 1]] = fixed_linear(xf[offs[e]:offs[e + 1]], q[e], ex[e], pb)
+            out[offs[e]:offs[e + 1]] = fixed_linear(xf[offs[e]:offs[e + 1]], fw, e)
     return out.to(x.dtype)
 
 
@@ -128,17 +150,17 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= n_exp):
         raise ValueError(f"topk_ids must lie in [0, {n_exp}); got range [{int(flat.min())}, "
                          f"{int(flat.max())}]")
-    (q13, e13, p13), (q2, e2, p2) = weight_fixed(w13), weight_fixed(w2)
+    f13, f2 = weight_fixed(w13), weight_fixed(w2)
     xf = x.to(torch.float32)
     per_pair = torch.zeros(t * k, d, dtype=torch.float32)
     for e in torch.unique(flat).tolist():
         pairs = torch.nonzero(flat == e).flatten()
-        gu = fixed_linear(xf[pairs // k], q13[e], e13[e], p13)
+        gu = fixed_linear(xf[pairs // k], f13, e)
         g, u = gu[:, :inter], gu[:, inter:]
         if swiglu_limit is not None:
             g = g.clamp(max=swiglu_limit)
             u = u.clamp(-swiglu_limit, swiglu_limit)
-        per_pair[pairs] = fixed_linear(numerics.silu(g) * u, q2[e], e2[e], p2)
+        per_pair[pairs] = fixed_linear(numerics.silu(g) * u, f2, e)
     per_pair = per_pair.view(t, k, d)
     wts = topk_weights.to(torch.float32)
     y = torch.zeros(t, d, dtype=torch.float32)

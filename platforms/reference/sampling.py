@@ -14,9 +14,20 @@ import torch
 from shuili.hal import noise, numerics
 
 
+_CHUNK_ELEMENTS = 1 << 21  # rows per pass bound the float64 temporaries of exp to ~16 MB each
+
+
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     if logits.dim() != 2:
         raise ValueError(f"log_softmax takes logits [B, V], got shape {tuple(logits.shape)}")
+    rows = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[1]))
+    if logits.shape[0] <= rows:
+        return _log_softmax_rows(logits)
+    # a row's bits depend only on that row, so row chunks give the whole tensor's bits
+    return torch.cat([_log_softmax_rows(c) for c in logits.split(rows)])
+
+
+def _log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
     x = logits.to(torch.float32)
     m = x.amax(-1, keepdim=True)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # all -inf row: no inf - inf
