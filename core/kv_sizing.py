@@ -15,7 +15,11 @@ and the scheduler preempt, as for any full pool: slower, never wrong.
 """
 from __future__ import annotations
 
+import logging
+
 from shuili.core.model_api import CacheGroupSpec
+
+log = logging.getLogger("shuili.kv")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -34,8 +38,25 @@ def pool_sizes(groups: list[CacheGroupSpec], P: int, budget_bytes: int, max_num_
     rest (every group's logical block i covers the same tokens), capped at what max_num_seqs
     sequences of max_model_len tokens can use."""
     cap = max_num_seqs * cdiv(max_model_len, P) + 1
-    sizes = {g.name: min(cap, sliding_blocks(g, P, max_num_seqs, max_num_batched_tokens))
-             for g in groups if g.kind == "sliding"}
+    sliding = [g for g in groups if g.kind == "sliding"]
+
+    def reserve(seqs: int) -> dict[str, int]:
+        return {g.name: min(cap, sliding_blocks(g, P, seqs, max_num_batched_tokens)) for g in sliding}
+
+    def cost(sz: dict[str, int]) -> int:
+        return sum(sz[g.name] * g.bytes_per_block(P) for g in sliding)
+
+    sizes = reserve(max_num_seqs)
+    if len(sliding) < len(groups) and cost(sizes) > budget_bytes // 2:
+        # the windows of max_num_seqs sequences would leave little or nothing for context (mid-v4:
+        # ~41 MB of window state per sequence against a 1 GiB default): hold fewer sequences'
+        # windows, in at most half the budget; beyond them the scheduler preempts (slower, never wrong)
+        seqs = max_num_seqs
+        while seqs > 1 and cost(reserve(seqs)) > budget_bytes // 2:
+            seqs -= 1
+        sizes = reserve(seqs)
+        log.warning("kv_cache_bytes=%d holds the sliding-window state of %d sequences, not max_num_seqs=%d;"
+                    " raise kv_cache_bytes to run more at once", budget_bytes, seqs, max_num_seqs)
     fixed = sum(sizes[g.name] * g.bytes_per_block(P) for g in groups if g.name in sizes)
     per_block = sum(g.bytes_per_block(P) for g in groups if g.name not in sizes)
     if per_block == 0:  # only sliding groups: nothing grows with context

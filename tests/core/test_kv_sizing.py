@@ -46,3 +46,20 @@ def test_budget_sized_pools_generate_the_same_bits():
     assert [bits(o) for o in sized.generate(prompts, params)] == [bits(o) for o in alike.generate(prompts, params)]
     sized.engine.scheduler.check()
     kv.check_integrity()
+
+
+def test_default_budget_bounds_sliding_state_instead_of_failing(caplog):
+    # mid-v4 with EngineConfig's defaults (1 GiB, 64 sequences, 2048-token steps): the windows of 64
+    # sequences alone would take ~3.4 GB, so the engine could not start at all
+    groups = cache_groups(named("mid-v4"), "bfloat16")
+    P, budget = 128, 1 << 30
+    sizes = pool_sizes(groups, P, budget, 64, 2048, 4096)
+    sliding = [g for g in groups if g.kind == "sliding"]
+    assert sum(sizes[g.name] * g.bytes_per_block(P) for g in sliding) <= budget // 2
+    assert all(sizes[g.name] >= sliding_blocks(g, P, 1, 2048) for g in sliding)
+    assert all(sizes[g.name] >= 1 for g in groups)
+    assert sum(sizes[g.name] * g.bytes_per_block(P) for g in groups) <= budget
+    assert "sliding-window state of" in caplog.text and "max_num_seqs=64" in caplog.text
+    # a budget that holds every window keeps the full reservation
+    big = pool_sizes(groups, P, 64 << 30, 64, 2048, 4096)
+    assert all(big[g.name] == sliding_blocks(g, P, 64, 2048) for g in sliding)
