@@ -58,6 +58,7 @@ class Engine:
         self.num_blocks = self.kv.num_blocks
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, config.policy, self.eos, self.tokenizer.decode)
+        self.schedulers = [self.scheduler]  # one per data-parallel group (core/parallel/engine.py)
         self.runner = ModelRunner(model, self.ops, groups, self.pool_blocks, P, self.device,
                                   self._graphs(model, groups, P), self.platform.transfer)
         self.drafter = self._drafter(config, model)
@@ -149,8 +150,11 @@ class Engine:
         return req
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        req = self.scheduler.abort(request_id)
-        return None if req is None else self.output(req)
+        for sched in self.schedulers:  # the request lives in one data-parallel group's scheduler
+            req = sched.abort(request_id)
+            if req is not None:
+                return self.output(req)
+        return None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None

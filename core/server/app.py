@@ -139,16 +139,25 @@ class Server:
     def state(self, integrity: bool = False) -> dict:
         """Read on the event loop between two steps (call it through self.loop.call)."""
         eng = self.engine
-        out = {"running": len(eng.scheduler.running), "waiting": self.loop.num_waiting(),
-               "in_flight": self.loop.num_in_flight(), "num_steps": eng.num_steps,
-               "kv": {g: {**c, "total": eng.kv.pools[g].num_blocks} for g, c in eng.kv.usage().items()},
-               "prefix_queried_tokens": eng.kv.num_queried_tokens, "prefix_hit_tokens": eng.kv.num_hit_tokens}
+        scheds = eng.schedulers  # one per data-parallel group, each with its own KV manager
+        kv: dict = {}
+        for sched in scheds:
+            for g, c in sched.kv.usage().items():
+                tot = kv.setdefault(g, {"total": 0})
+                tot["total"] += sched.kv.pools[g].num_blocks
+                for k, v in c.items():
+                    tot[k] = tot.get(k, 0) + v
+        out = {"running": sum(len(s.running) for s in scheds), "waiting": self.loop.num_waiting(),
+               "in_flight": self.loop.num_in_flight(), "num_steps": eng.num_steps, "kv": kv,
+               "prefix_queried_tokens": sum(s.kv.num_queried_tokens for s in scheds),
+               "prefix_hit_tokens": sum(s.kv.num_hit_tokens for s in scheds)}
         tiers = eng.kv_tiers
         out["kv_tier_hit_tokens"] = dict(tiers.hit_tokens) if tiers else {"device": eng.kv.num_hit_tokens}
         out["kv_tier_bytes"] = dict(tiers.bytes) if tiers else {}
         if integrity:
             try:
-                eng.scheduler.check()
+                for sched in eng.schedulers:
+                    sched.check()
                 out["integrity"] = "ok"
             except AssertionError as exc:
                 out["integrity"] = f"failed: {exc}"

@@ -93,13 +93,13 @@ class EngineLoop:
         return await fut
 
     def num_waiting(self) -> int:
-        sched = self.engine.scheduler
-        return len(sched.requests) - len(sched.running)
+        return sum(len(s.requests) - len(s.running) for s in self.engine.schedulers)
 
     def would_wait(self, n: int) -> int:
-        """Requests left waiting once n more arrive and the free running slots take their share."""
-        sched = self.engine.scheduler
-        return self.num_waiting() + n - max(sched.max_num_seqs - len(sched.running), 0)
+        """Requests left waiting once n more arrive and the free running slots of every
+        data-parallel group take their share."""
+        free = sum(max(s.max_num_seqs - len(s.running), 0) for s in self.engine.schedulers)
+        return self.num_waiting() + n - free
 
     async def submit(self, rid: str, items: list[tuple[list[int], SamplingParams]]) -> asyncio.Queue:
         """Queue all items or none (ValueError / Overloaded). The queue gets (choice, Snapshot)."""
@@ -148,7 +148,7 @@ class EngineLoop:
 
     # ------------------------------------------------------------------------------- the loop
     def _abort(self, rid: str) -> None:
-        req = self.engine.scheduler.requests.get(rid)
+        req = next((s.requests[rid] for s in self.engine.schedulers if rid in s.requests), None)
         if req is None:
             self._routes.pop(rid, None)
             return
