@@ -39,9 +39,9 @@ def file_digest(path: str) -> str:
 
 
 def weights_id(name: str, seed: int) -> str:
-    from shuili.core.models import GGUF_NAMES, V4_NAMES
+    from shuili.core.models import GGUF_NAMES, V4_NAMES, V41_NAMES
 
-    if name in V4_NAMES:
+    if name in V4_NAMES or name in V41_NAMES:
         return f"synthetic:{name}:seed={seed}"
     if name in GGUF_NAMES:
         from shuili.core.models.llama import resolve_named
