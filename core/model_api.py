@@ -144,3 +144,23 @@ class Model(Protocol):
     def forward(self, batch: ForwardBatch) -> torch.Tensor: ...
 
     def apply_chat_template(self, prompt: str) -> str: ...
+
+
+def bind_group_caches(groups: list[CacheGroupSpec], caches: dict[str, list[torch.Tensor]],
+                      tokens_per_block: int) -> dict[str, dict[int, torch.Tensor]]:
+    """Each group's cache tensors by layer, checked against the group's spec: one tensor per layer,
+    each [*, tokens_per_block // ratio, *entry_shape] of the group's dtype."""
+    out = {}
+    for g in groups:
+        if g.name not in caches:
+            raise ValueError(f"bind_caches: no tensors for cache group {g.name!r}")
+        ts = caches[g.name]
+        if len(ts) != len(g.layers):
+            raise ValueError(f"bind_caches: group {g.name} has {len(g.layers)} layers, got {len(ts)} tensors")
+        want = (tokens_per_block // g.ratio, *g.entry_shape)
+        for t in ts:
+            if tuple(t.shape[1:]) != want or t.dtype != getattr(torch, g.dtype):
+                raise ValueError(f"bind_caches: group {g.name} wants [*, {', '.join(map(str, want))}] "
+                                 f"{g.dtype}, got {list(t.shape)} {t.dtype}")
+        out[g.name] = dict(zip(g.layers, ts))
+    return out

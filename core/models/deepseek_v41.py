@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shuili.core.model_api import CacheGroupSpec, ForwardBatch
+from shuili.core.model_api import CacheGroupSpec, ForwardBatch, bind_group_caches
 from shuili.core.models.deepseek_v41_cache import cache_groups, idx_group, kv_group, state_group
 from shuili.core.models.deepseek_v41_config import V41Config, named
 from shuili.core.models.deepseek_v4 import rope_tables
 from shuili.core.models.deepseek_v4_cache import token_slots
 from shuili.core.models.driver import CacheDriver
-from shuili.core.models.tokenizer import ByteTokenizer
+from shuili.core.models.tokenizer import ByteTokenizer, deepseek_chat
 from shuili.hal import DispatchTable, numerics
 from shuili.hal.types import Weight
 
@@ -197,25 +197,11 @@ class DeepseekV41Model:
         return cache_groups(self.cfg, self.dtype_name)
 
     def bind_caches(self, caches: dict[str, list[torch.Tensor]], tokens_per_block: int) -> None:
-        for g in self.cache_groups():
-            if g.name not in caches:
-                raise ValueError(f"bind_caches: no tensors for cache group {g.name!r}")
-            ts = caches[g.name]
-            if len(ts) != len(g.layers):
-                raise ValueError(f"bind_caches: group {g.name} has {len(g.layers)} layers, got {len(ts)} tensors")
-            want = (tokens_per_block // g.ratio, *g.entry_shape)
-            for t in ts:
-                if tuple(t.shape[1:]) != want or t.dtype != getattr(torch, g.dtype):
-                    raise ValueError(f"bind_caches: group {g.name} wants [*, {', '.join(map(str, want))}] "
-                                     f"{g.dtype}, got {list(t.shape)} {t.dtype}")
-            self.caches[g.name] = dict(zip(g.layers, ts))
+        self.caches.update(bind_group_caches(self.cache_groups(), caches, tokens_per_block))
         self.tokens_per_block = tokens_per_block
 
     def apply_chat_template(self, prompt: str) -> str:
-        tok = self.tokenizer
-        if hasattr(tok, "token_to_id") and tok.token_to_id("<｜User｜>") is not None:
-            return f"<｜begin▁of▁sentence｜><｜User｜>{prompt}<｜Assistant｜></think>"
-        return prompt
+        return deepseek_chat(self.tokenizer, prompt)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(logits_indices), vocab]."""

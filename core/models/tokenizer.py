@@ -69,3 +69,11 @@ def load_tokenizer(directory: str | None, vocab_size: int, eos_token_ids: tuple[
                 tok.eos_token_ids = (*tok.eos_token_ids, eid)
         return tok
     return ByteTokenizer(vocab_size, bos_token_id=bos_token_id, eos_token_ids=eos_token_ids)
+
+
+def deepseek_chat(tokenizer, prompt: str) -> str:
+    """DeepSeek-V4 / V4.1's single-turn chat form, where the tokenizer knows its role tokens (a
+    synthetic model's byte tokenizer does not: the prompt goes through as it is)."""
+    if hasattr(tokenizer, "token_to_id") and tokenizer.token_to_id("<｜User｜>") is not None:
+        return f"<｜begin▁of▁sentence｜><｜User｜>{prompt}<｜Assistant｜></think>"
+    return prompt
