@@ -4,7 +4,7 @@ A block of group g is [len(g.layers), entries_per_block, *entry_shape]: layer l'
 block. On an asynchronous device the host side is page-locked and both directions are queued on
 the compute stream without waiting: a save reads the block before any later kernel can overwrite
 it, a load lands before the step that reads it, and neither blocks the host. `runtime` (the
-transfer service's torch.cuda / torch.npu) makes the event a reader of a saved block waits on.
+transfer service's device runtime) makes the event a reader of a saved block waits on.
 """
 from __future__ import annotations
 
