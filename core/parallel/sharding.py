@@ -114,7 +114,7 @@ class ShardPlan:
 
 # -------------------------------------------------------------------------------- checkpoints
 class ShardReader:
-    """`_Reader` look-alike for `deepseek_v4_loader`: get(name) reads only this rank's slice.
+    """`Checkpoint` look-alike for `deepseek_v4_loader`: get(name) reads only this rank's slice.
     Expert names use LOCAL slot numbers (what `_stack_experts` asks for); they are mapped to the
     global expert of the slot here."""
 
@@ -125,9 +125,21 @@ class ShardReader:
         return self.rd.has(name)
 
     def _slice(self, name: str):
-        return self.rd.handles[self.rd.where[name]].get_slice(name)
+        return self.rd._handle(self.rd.where[name]).get_slice(name)
 
-    def get(self, name: str) -> torch.Tensor:
+    def info(self, name: str, shape=None, dtypes=None):
+        return self.rd.info(name, shape, dtypes)
+
+    def get(self, name: str, shape=None, dtypes=None) -> torch.Tensor:
+        """This rank's part of `name`; shape / dtypes (the local ones) checked as the loader asks."""
+        from shuili.core.models.safetensors_index import check_tensor
+
+        t = self._get(name)
+        if shape is not None or dtypes is not None:
+            check_tensor(name, t.dtype, tuple(t.shape), shape, dtypes, self.rd.where.get(name, ""))
+        return t
+
+    def _get(self, name: str) -> torch.Tensor:
         m = _EXPERT.match(name)
         if m:
             prefix, j, part, kind = m.groups()
@@ -174,7 +186,7 @@ def load_sharded(path: str, plan: ShardPlan, device: str = "cpu", dtype: str = "
     n_exp = len(plan.expert_ids("layers.0.")) if plan.cfg.num_hidden_layers else plan.cfg.n_routed_experts
     # the experts' stacking shapes come from this config; n_routed_experts stays global elsewhere
     experts_cfg = local.model_copy(update={"n_routed_experts": n_exp, "moe_intermediate_size": hi - lo})
-    rd = ShardReader(L._Reader(path), plan)
+    rd = ShardReader(L.Checkpoint(path), plan)
     dt = getattr(torch, dtype)
     out: dict = {}
     for name, sp in L.schema(local, with_mtp=False).items():
@@ -191,12 +203,10 @@ def load_sharded(path: str, plan: ShardPlan, device: str = "cpu", dtype: str = "
             w = L._load_linear(rd, name, tuple(shape), dt, device)
             out[name] = L._grouped(w, local, name) if sp.kind == "grouped" else w
         elif sp.kind == "i64":
-            t = rd.get(name)
-            L._check(name, t, sp.shape, (torch.int64, torch.int32))
+            t = rd.get(name, sp.shape, (torch.int64, torch.int32))
             out[name] = t.long().to(device)
         else:
-            t = rd.get(name)
-            L._check(name, t, tuple(shape), L._FLOATS)
+            t = rd.get(name, tuple(shape), L._FLOATS)
             out[name] = t.to(device=device, dtype=torch.float32 if sp.kind == "f32" else dt)
     return out
 
