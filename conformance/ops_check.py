@@ -182,7 +182,8 @@ def check_op(platform: ResolvedPlatform, reference: ResolvedPlatform, op: str, s
                 except Exception as exc:
                     vs.crashed(exc, case, dtype_name, "platform")
                     continue
-                div = compare_outputs(expected, got, mode, {"case_seed": s})
+                scales = _sum_scales(op, ref_in) if mode == "tolerance" else None
+                div = compare_outputs(expected, got, mode, {"case_seed": s}, scales)
                 if div is not None:
                     vs.diverged(div, case, dtype_name,
                                 f"declares {lvl.name}: output differs from the reference ({mode})")
@@ -203,6 +204,25 @@ def check_op(platform: ResolvedPlatform, reference: ResolvedPlatform, op: str, s
         r.details.update({"dtypes": list(plan.dtypes), "formats": [f for f in plan.formats if f],
                           "source": platform.ops.sources.get(op, platform.name)})
     return out
+
+
+def _linear_scale(kw: dict) -> list[torch.Tensor]:
+    from shuili.platforms.reference.public import dequantize_weight
+
+    w = kw["w"]
+    wf = (w.data if w.format == "dense" else dequantize_weight(w)).double()
+    # [T, N]: sum_k |x[t, k] * w[n, k]|, plus |bias|
+    mag = kw["x"].double().abs() @ wf.abs().t()
+    return [mag if kw.get("bias") is None else mag + kw["bias"].double().abs()]
+
+
+# ops whose outputs are dot products, with the magnitudes their rounding error scales with
+_SUM_SCALES: dict[str, Callable[[dict], list[torch.Tensor]]] = {"linear": _linear_scale}
+
+
+def _sum_scales(op: str, kwargs: dict) -> list[torch.Tensor] | None:
+    fn = _SUM_SCALES.get(op)
+    return fn(kwargs) if fn is not None else None
 
 
 def _to_f32(kwargs: dict, act: tuple[str, ...]) -> dict:

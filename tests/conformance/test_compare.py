@@ -40,3 +40,29 @@ def test_outputs_name_which_output():
     a = [torch.zeros(2), torch.ones(2)]
     b = [torch.zeros(2), torch.tensor([1.0, 2.0])]
     assert compare_outputs(a, b, "bitwise").where["output"] == 1
+
+
+def test_sum_scale_admits_cancellation_error_but_not_a_wrong_sum():
+    # a dot product that cancels to 0.0058 from terms summing to 173 (seen on a CI host: one
+    # float32 order against another differed by 1.3e-5, 1e-7 of the terms' magnitude)
+    exp, got = torch.tensor([0.005775433499366045]), torch.tensor([0.00578819215297699])
+    scale = torch.tensor([173.37])
+    assert compare(exp, got, "tolerance") is not None
+    assert compare(exp, got, "tolerance", scale=scale) is None
+    wrong = compare(exp, torch.tensor([0.0068]), "tolerance", scale=scale)
+    assert wrong is not None and "sum|terms|" in wrong.note
+
+
+def test_linear_vs_reference_uses_the_sum_scale():
+    from shuili.conformance import fuzz
+    from shuili.conformance.ops_check import _sum_scales, place
+    from shuili.platforms.reference.public import OPS, dequantize_weight
+
+    case = fuzz.generate("linear", 1842794957408, "fp8_block128", (), OPS, 1)
+    kw = place(case.kwargs, case.act, "cpu", torch.float32)
+    (scale,) = _sum_scales("linear", kw)
+    exact = kw["x"].double() @ dequantize_weight(kw["w"]).double().t()
+    plain = (kw["x"] @ dequantize_weight(kw["w"]).t()).double()
+    assert scale.shape == exact.shape and bool((scale >= exact.abs()).all())
+    assert compare(exact, plain, "tolerance", tolerance_dtype="float32", scale=scale) is None
+    assert _sum_scales("rms_norm", kw) is None
