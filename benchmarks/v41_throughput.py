@@ -42,12 +42,12 @@ def _quantize(params: dict, cfg) -> dict:
     for name, sp in sch.items():
         w = params[name]
         if sp.kind == "experts":
-            out[name] = quantize_weight_mxfp4(w.data.float().cpu()).to(w.data.device)
+            out[name] = quantize_weight_mxfp4(w.data.float())
         elif sp.kind == "linear":
-            out[name] = quantize_weight_fp8_block128(w.data.float().cpu()).to(w.data.device)
+            out[name] = quantize_weight_fp8_block128(w.data.float())
         elif sp.kind == "grouped":
-            q = quantize_weight_fp8_block128(w.data.float().cpu())
-            out[name] = Weight(q.format, q.data, q.scale, q.shape).to(w.data.device)
+            q = quantize_weight_fp8_block128(w.data.float())
+            out[name] = Weight(q.format, q.data, q.scale, q.shape)
     return out
 
 

@@ -11,12 +11,14 @@ FP8 32x32 weights are decoded to the compute dtype at load (exact: e4m3 times a 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
 
 import torch
 
+from shuili.core.models.deepseek_v4_loader import _DEVICE_NORMAL_MIN
 from shuili.core.models.deepseek_v41_config import V41Config
 from shuili.hal import numerics
 from shuili.hal.types import Weight
@@ -155,16 +157,18 @@ def random_params(cfg: V41Config, device: str = "cpu", dtype: str = "float32", s
     dt, std = getattr(torch, dtype), cfg.initializer_range
     out: dict = {}
     for name, sp in schema(cfg).items():
+        # large tensors: the normal transform runs on `device` (same bits; deepseek_v4_loader)
+        dev = device if math.prod(sp.shape) >= _DEVICE_NORMAL_MIN else None
         if name.endswith(("norm.weight", ".scale", "q_weight", "k_weight")):
             t = torch.ones(sp.shape, dtype=torch.float32)
         elif name.endswith(".base"):
-            t = numerics.normal(sp.shape, g, 0.0, 0.5)
+            t = numerics.normal(sp.shape, g, 0.0, 0.5, device=dev)
         elif name.endswith("sinks"):
-            t = numerics.normal(sp.shape, g, 0.0, 1.0)
+            t = numerics.normal(sp.shape, g, 0.0, 1.0, device=dev)
         elif name.endswith("e_score_correction_bias"):
-            t = numerics.normal(sp.shape, g, 0.0, 0.05)
+            t = numerics.normal(sp.shape, g, 0.0, 0.05, device=dev)
         else:
-            t = numerics.normal(sp.shape, g, 0.0, std)
+            t = numerics.normal(sp.shape, g, 0.0, std, device=dev)
         out[name] = _as_param(t, sp, cfg, dt).to(device)
     return out
 

@@ -203,7 +203,7 @@ def quantize_weight_fp8_block128(w: torch.Tensor) -> Weight:
     wf = w.to(torch.float32)
     n, k = wf.shape[-2:]
     bn, bk = -(-n // WEIGHT_FP8_BLOCK), -(-k // WEIGHT_FP8_BLOCK)
-    padded = torch.zeros(*wf.shape[:-2], bn * WEIGHT_FP8_BLOCK, bk * WEIGHT_FP8_BLOCK)
+    padded = torch.zeros(*wf.shape[:-2], bn * WEIGHT_FP8_BLOCK, bk * WEIGHT_FP8_BLOCK, device=wf.device)
     padded[..., :n, :k] = wf.abs()
     amax = padded.reshape(*wf.shape[:-2], bn, WEIGHT_FP8_BLOCK, bk, WEIGHT_FP8_BLOCK).amax((-3, -1))
     scale = e8m0_to_float(float_to_e8m0_ceil(amax.clamp_min(E4M3_MAX * 2.0 ** -126) / E4M3_MAX))
