@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200: environment, GPU kernel tests, conformance, end to end, kernel roofline.
 #   STAGES="env e2e kernels confbi tests" bash benchmarks/run_h200.sh     (stages run in the order given)
-#   stages not in the default list: conf confcli relock serve spec
+#   stages not in the default list: conf confcli relock serve spec kvtiers v41conf v41tput tp1
 # Logs and JSON go to $OUT (or ./h200_out); each stage has a timeout (T_<STAGE> seconds).
 set -u
 OUT=${OUT:-$PWD/h200_out}
@@ -93,6 +93,24 @@ spec_() {  # speculative decoding, mid-v4, batch-invariant mode, decode graphs: 
   timeout ${T_SPEC:-500} python3 benchmarks/spec_decode.py --device cuda --model mid-v4 --num-prompts ${SPEC_PROMPTS:-16} \
       --max-tokens 64 --json "$OUT/spec.json" > "$OUT/spec.txt" 2>&1; echo "rc=$?" >> "$OUT/spec.txt"
   tail -12 "$OUT/spec.txt"
+}
+v41conf_() {  # tiny-v41 engine checks on nvidia, batch-invariant mode (bitwise engine promise)
+  SHUILI_NVIDIA_BATCH_INVARIANT=1 timeout ${T_V41CONF:-240} python3 benchmarks/nvidia_conformance.py --no-ops \
+      --workload tiny-v41 --json "$OUT/conf_v41.json" > "$OUT/conf_v41.txt" 2>&1; echo "rc=$?" >> "$OUT/conf_v41.txt"
+  tail -15 "$OUT/conf_v41.txt"
+}
+v41tput_() {  # mid-v41 prefill/decode throughput and Engram gather, bf16 then the released formats
+  for f in ${V41_FORMATS:-bf16 released}; do
+    timeout ${T_V41TPUT:-240} python3 benchmarks/v41_throughput.py --model mid-v41 --platform nvidia --dtype bfloat16 \
+        --formats $f --batch ${V41_BATCH:-32} --prompt-len ${V41_PROMPT:-1024} --decode-steps ${V41_STEPS:-16} \
+        > "$OUT/v41_$f.json" 2> "$OUT/v41_$f.err"; echo "rc=$?" >> "$OUT/v41_$f.err"
+    tail -c 1500 "$OUT/v41_$f.json"; tail -3 "$OUT/v41_$f.err"
+  done
+}
+tp1_() {  # the parallel (sharded) code path at TP = 1 against the plain engine, mid-v4 (docs/parallel.md)
+  timeout ${T_TP1:-300} python3 benchmarks/parallel_decode.py --platform nvidia --model mid-v4 --batch ${TP1_BATCH:-32} \
+      --output-len ${TP1_LEN:-32} --json > "$OUT/tp1.json" 2> "$OUT/tp1.err"; echo "rc=$?" >> "$OUT/tp1.err"
+  tail -c 2000 "$OUT/tp1.json"; tail -3 "$OUT/tp1.err"
 }
 for s in $STAGES; do stamp "$s"; "${s}_"; done
 stamp done
