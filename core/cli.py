@@ -96,6 +96,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="prepare step N+1 on the host while step N runs")
     p.add_argument("--enforce-eager", action="store_true", default=None,
                    help="never replay decode steps as device graphs")
+    p.add_argument("--graph-capture", choices=("startup", "lazy"), default=None,
+                   help="record every decode graph bucket at start-up, or each on first use "
+                        + default("graph_capture"))
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                    help="ranks splitting attention heads and the vocabulary head " + default("tensor_parallel_size"))
     p.add_argument("--data-parallel-size", "-dp", type=int, default=None,
@@ -130,7 +133,8 @@ def _config(args):
     over = {"platform": args.platform, "model": args.model, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": args.max_model_len,
             "tokens_per_block": args.block_size, "num_blocks": args.num_blocks, "overlap": args.overlap,
-            "enforce_eager": args.enforce_eager, "kv_host_bytes": args.kv_host_bytes, "kv_store": args.kv_store,
+            "enforce_eager": args.enforce_eager, "graph_capture": args.graph_capture,
+            "kv_host_bytes": args.kv_host_bytes, "kv_store": args.kv_store,
             "kv_store_ttl": args.kv_store_ttl, "kv_store_bytes": args.kv_store_bytes,
             "speculative": _speculative(args)}
     for name in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "enable_eplb",

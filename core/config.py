@@ -37,6 +37,9 @@ class EngineConfig(ReadableErrors, BaseModel):
     overlap: bool = Field(False, description="prepare step N+1 on the host while step N runs")
     enforce_eager: bool = Field(False, description="never replay decode steps as device graphs (graphs "
                                 "are used where the platform and the model support them)")
+    graph_capture: Literal["startup", "lazy"] = Field(
+        "startup", description="when decode graphs are recorded: every (batch, block-table width) "
+        "bucket when the engine starts, or each on first use (faster start, stalls while serving)")
     policy: Literal["fcfs", "priority"] = "fcfs"
     speculative: SpeculativeConfig | None = Field(None, description="speculative decoding (core/spec); "
                                                   "None = off. Output bits are the same either way")

@@ -66,6 +66,8 @@ class Engine:
             self.runner.drafter = self.drafter
             if self.runner.graphs is not None:
                 self.runner.graphs.keep_hidden = self.drafter.needs_hidden
+        if self.runner.graphs is not None and config.graph_capture == "startup":
+            self.runner.graphs.capture_all()
         self.kv_tiers = build_tiers(config, model, groups, P, self.runner.caches, self.platform, model_given)
         if self.kv_tiers is not None:
             self.kv_tiers.attach(self.kv)

@@ -8,11 +8,14 @@ pads and copies the step's inputs in, and hands back the live rows' logits. A mo
 
 Padding rows (position 0, block tables and slots -1) write nothing and change no live row's bits:
 the model's ops are row-wise and skip -1 indices. Graphs are captured lazily, from all-padding
-inputs, so capturing never writes the KV cache.
+inputs, so capturing never writes the KV cache. The engine records every bucket at start-up
+(EngineConfig.graph_capture "startup", as vLLM does before it serves): a capture mid-serving runs
+the forward three times and, the first time, compiles kernels, stalling every running request.
 """
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -85,6 +88,32 @@ class DecodeGraphs:
         if self.keep_hidden:
             self.model.last_hidden = g.hidden[:T]
         return logits
+
+    def widths(self) -> tuple[int, ...]:
+        """Every block-table width bucket a step can pick."""
+        out, w = [], 1
+        while True:
+            out.append(min(w, self.max_width))
+            if w >= self.max_width:
+                return tuple(out)
+            w *= 2
+
+    def capture_all(self) -> int:
+        """Record every (batch, width) bucket now, largest first (the platform's shared memory pool is
+        sized by the first), so that no request waits on a capture later. Returns the graphs
+        recorded; stops at the first failed capture (decode then runs eagerly)."""
+        t0 = time.perf_counter()
+        n = 0
+        for B in reversed(self.buckets):
+            for W in reversed(self.widths()):
+                if (B, W) in self.graphs:
+                    continue
+                if self._capture(B, W) is None:
+                    return n
+                n += 1
+        log.info("captured %d decode graphs (%d batch x %d width buckets) in %.1f s", n,
+                 len(self.buckets), len(self.widths()), time.perf_counter() - t0)
+        return n
 
     def _forward(self, g: _Graph) -> torch.Tensor:
         if not self.keep_hidden:

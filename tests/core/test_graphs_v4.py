@@ -103,3 +103,40 @@ def test_buckets():
     assert batch_bucket(1) == 1 and batch_bucket(33) == 48 and batch_bucket(BATCH_BUCKETS[-1] + 1) is None
     assert [width_bucket(n, 64) for n in (1, 2, 3, 5, 64, 65)] == [1, 2, 4, 8, 64, 64]
     assert width_bucket(9, 12) == 12
+
+
+@pytest.mark.skipif(PLATFORM != "reference", reason="the device-free capture stand-in")
+def test_capture_all_records_every_bucket_and_serving_captures_none(eager):
+    cap = ReplayByRerun()
+    llm = make(True, cap)
+    g = llm.engine.runner.graphs
+    mw = g.max_width
+    assert g.widths() == tuple(min(1 << i, mw) for i in range(mw.bit_length() + 1) if (1 << i) < 2 * mw)
+    assert g.widths()[-1] == mw and len(set(g.widths())) == len(g.widths())
+    n = g.capture_all()
+    assert n == len(g.buckets) * len(g.widths()) == cap.captured == len(g.graphs)
+    assert set(g.graphs) == {(b, w) for b in g.buckets for w in g.widths()}
+    assert g.capture_all() == 0  # nothing left to record
+    prompts, params = workload()
+    assert [bits(o) for o in llm.generate(prompts, params)] == eager
+    assert cap.captured == n and sum(x.replays for x in g.graphs.values()) >= 20
+
+
+@pytest.mark.skipif(PLATFORM != "reference", reason="the device-free capture stand-in")
+@pytest.mark.parametrize("when", ["startup", "lazy"])
+def test_engine_records_graphs_at_startup_unless_lazy(monkeypatch, when):
+    import dataclasses
+
+    import shuili.core.engine as engine_mod
+
+    cap = ReplayByRerun()
+    cap.caches = {}  # the engine's caches exist only once it is built; padding writes are checked above
+    real = engine_mod.resolve_platform
+    monkeypatch.setattr(engine_mod, "resolve_platform",
+                        lambda cfg: dataclasses.replace(real(cfg), capture_graph=cap))
+    llm = LLM(model="tiny-v4", platform=PLATFORM, tokens_per_block=16, max_num_seqs=4, max_model_len=64,
+              max_num_batched_tokens=64, graph_capture=when)
+    g = llm.engine.runner.graphs
+    assert g is not None
+    want = len(g.buckets) * len(g.widths()) if when == "startup" else 0
+    assert len(g.graphs) == cap.captured == want
