@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from shuili.core.models.deepseek_v4_config import KvFormat, YarnConfig
+from shuili.core.models.deepseek_v4_config import (KvFormat, YarnConfig, check_experts, check_kv_formats,
+                                                  check_o_groups)
 
 Role = Literal["swa", "full", "reindex", "reuse"]
 
@@ -129,26 +130,17 @@ class V41Config(BaseModel):
             raise ValueError(f"candidate_source_layer_id ({c}) must be in index_source_layer_ids {list(ix)}")
         if c >= 0 and (self.candidate_topk_blocks <= 0 or self.candidate_block_size <= 0):
             raise ValueError("candidate_topk_blocks and candidate_block_size must be positive")
-        if self.num_attention_heads % self.o_groups:
-            raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple of "
-                             f"o_groups {self.o_groups}")
+        check_o_groups(self)
         if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim > min(self.head_dim, self.index_head_dim):
             raise ValueError(f"qk_rope_head_dim {self.qk_rope_head_dim} must be even and <= head_dim and "
                              "index_head_dim (the indexer ropes its last channels)")
-        if self.num_experts_per_tok > self.n_routed_experts:
-            raise ValueError("num_experts_per_tok exceeds n_routed_experts")
-        if self.n_shared_experts not in (0, 1):
-            raise ValueError("n_shared_experts must be 0 or 1 (the shared expert has width moe_intermediate_size)")
+        check_experts(self)
         if self.gate_temp <= 0:
             raise ValueError(f"gate_temp must be > 0, got {self.gate_temp}")
         if self.engram_layer_ids and len(self.engram_num_embeddings) != len(self.engram_layer_ids):
             raise ValueError(f"engram_num_embeddings (len {len(self.engram_num_embeddings)}) must match "
                              f"engram_layer_ids (len {len(self.engram_layer_ids)})")
-        for name, fmt, allowed in (("window_kv_format", self.window_kv_format, ("none", "mxfp8")),
-                                   ("compressed_kv_format", self.compressed_kv_format, ("none", "fp4_e4m3")),
-                                   ("indexer_k_format", self.indexer_k_format, ("none", "mxfp4"))):
-            if fmt not in allowed:
-                raise ValueError(f"{name}={fmt!r}: use one of {allowed}")
+        check_kv_formats(self)
         return self
 
     # ------------------------------------------------------------------ derived

@@ -10,7 +10,6 @@ FP8 32x32 weights are decoded to the compute dtype at load (exact: e4m3 times a 
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -219,7 +218,7 @@ def random_engram(cfg: V41Config, ops, device: str = "cpu", dtype: str = "float3
 
 
 # ------------------------------------------------------------------------------------ checkpoints
-from shuili.core.models.safetensors_index import Checkpoint, CheckpointError  # noqa: E402
+from shuili.core.models.safetensors_index import Checkpoint, CheckpointError, write_checkpoint  # noqa: E402
 
 
 # Engram table tensor names: (data, scale) per naming; the tables are mapped, never loaded
@@ -372,35 +371,20 @@ def _experts(name: str, sp: Spec, cfg: V41Config, hf: bool, get, where, dt, devi
         t = get(name)
         _check(name, t, sp.shape, _FLOATS)
         return Weight.dense(t.to(device=device, dtype=dt))
-    from shuili.core.models.deepseek_v4_loader import _load_expert
+    from shuili.core.models.deepseek_v4_loader import _stack_experts
 
-    class _Rd:
+    class _Rd:  # only get(): error messages stay without the shard name, as the V4.1 loader's always were
         def get(self, n):
             return get(n)
 
+    def no_fp8(n: str, f: str) -> None:
+        if f == "fp8_block128":
+            raise CheckpointError(f"tensor {n!r}: FP8 experts of V4.1 use {cfg.quantization.weight_block_size if cfg.quantization else '?'} "
+                                  "blocks, which this loader reads only for non-expert linears")
+
     layer = int(name.split(".")[2])
-    E, I, D = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
-    up = name.endswith("gate_up_proj")
-    parts, shape = (("w1", "w3"), (I, D)) if up else (("w2",), (D, I))
-    datas, scales, fmt = [], [], None
-    for j in range(E):
-        ds, ss = [], []
-        for wn in parts:
-            n = f"layers.{layer}.ffn.experts.{j}.{wn}.weight"
-            f, w, s = _load_expert(_Rd(), n, shape)
-            if f == "fp8_block128":
-                raise CheckpointError(f"tensor {n!r}: FP8 experts of V4.1 use {cfg.quantization.weight_block_size if cfg.quantization else '?'} "
-                                      "blocks, which this loader reads only for non-expert linears")
-            if fmt is None:
-                fmt = f
-            elif f != fmt:
-                raise CheckpointError(f"tensor {n!r} is {f} but earlier experts of this layer are {fmt}")
-            ds.append(w.to(device) if f != "dense" else w.to(device=device, dtype=dt))
-            ss.append(s.to(device) if s is not None else None)
-        datas.append(torch.cat(ds, 0) if len(ds) > 1 else ds[0])
-        if fmt != "dense":
-            scales.append(torch.cat(ss, 0) if len(ss) > 1 else ss[0])
-    return Weight(fmt, torch.stack(datas), torch.stack(scales) if scales else None, sp.shape)
+    which = "w13" if name.endswith("gate_up_proj") else "w2"
+    return _stack_experts(_Rd(), f"layers.{layer}.ffn.", cfg, which, dt, device, reject=no_fp8)
 
 
 # ---------------------------------------------------------------------------------- checkpoint writer
@@ -434,19 +418,4 @@ def tensors_for(cfg: V41Config, params: dict, naming: str = "transformers") -> d
 def save_checkpoint(path: str, cfg: V41Config, tensors: dict[str, torch.Tensor], shards: int = 1,
                     nested: bool = True) -> None:
     """config.json (nested deepseek_v41 or flat deepseek_v41_text) + safetensors shards + the index."""
-    from safetensors.torch import save_file
-
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg.to_hf(nested=nested), f, indent=1)
-    names = list(tensors)
-    per = -(-len(names) // shards)
-    index = {}
-    for k in range(shards):
-        fname = "model.safetensors" if shards == 1 else f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        chunk = {n: tensors[n].cpu() for n in names[k * per:(k + 1) * per]}
-        index.update({n: fname for n in chunk})
-        save_file(chunk, os.path.join(path, fname))
-    if shards > 1:
-        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {}, "weight_map": index}, f, indent=1)
+    write_checkpoint(path, cfg.to_hf(nested=nested), tensors, shards)

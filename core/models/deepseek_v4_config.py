@@ -18,6 +18,28 @@ _HF_LAYER_TYPES = {"sliding_attention": "swa", "compressed_sparse_attention": "c
 _HF_MLP_TYPES = {"hash_moe": "hash", "moe": "topk"}
 
 
+# checks shared with V41Config (deepseek_v41_config.py); each message names the field to fix
+def check_o_groups(cfg) -> None:
+    if cfg.num_attention_heads % cfg.o_groups:
+        raise ValueError(f"num_attention_heads {cfg.num_attention_heads} must be a multiple of "
+                         f"o_groups {cfg.o_groups}")
+
+
+def check_experts(cfg) -> None:
+    if cfg.num_experts_per_tok > cfg.n_routed_experts:
+        raise ValueError("num_experts_per_tok exceeds n_routed_experts")
+    if cfg.n_shared_experts not in (0, 1):
+        raise ValueError("n_shared_experts must be 0 or 1 (the shared expert has width moe_intermediate_size)")
+
+
+def check_kv_formats(cfg) -> None:
+    for name, fmt, allowed in (("window_kv_format", cfg.window_kv_format, ("none", "mxfp8")),
+                               ("compressed_kv_format", cfg.compressed_kv_format, ("none", "fp4_e4m3")),
+                               ("indexer_k_format", cfg.indexer_k_format, ("none", "mxfp4"))):
+        if fmt not in allowed:
+            raise ValueError(f"{name}={fmt!r}: use one of {allowed}")
+
+
 class YarnConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
     factor: float
@@ -79,22 +101,13 @@ class V4Config(BaseModel):
         if len(self.attn_kinds) != n or len(self.mlp_kinds) != n:
             raise ValueError(f"attn_kinds ({len(self.attn_kinds)}) and mlp_kinds ({len(self.mlp_kinds)}) must "
                              f"each have num_hidden_layers = {n} entries")
-        if self.num_attention_heads % self.o_groups:
-            raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple of "
-                             f"o_groups {self.o_groups}")
+        check_o_groups(self)
         if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim > self.head_dim:
             raise ValueError(f"qk_rope_head_dim {self.qk_rope_head_dim} must be even and <= head_dim")
         if self.index_head_dim < self.qk_rope_head_dim and "csa" in self.attn_kinds:
             raise ValueError("index_head_dim must be >= qk_rope_head_dim (the indexer ropes its last channels)")
-        if self.num_experts_per_tok > self.n_routed_experts:
-            raise ValueError("num_experts_per_tok exceeds n_routed_experts")
-        if self.n_shared_experts not in (0, 1):
-            raise ValueError("n_shared_experts must be 0 or 1 (the shared expert has width moe_intermediate_size)")
-        for name, fmt, allowed in (("window_kv_format", self.window_kv_format, ("none", "mxfp8")),
-                                   ("compressed_kv_format", self.compressed_kv_format, ("none", "fp4_e4m3")),
-                                   ("indexer_k_format", self.indexer_k_format, ("none", "mxfp4"))):
-            if fmt not in allowed:
-                raise ValueError(f"{name}={fmt!r}: use one of {allowed}")
+        check_experts(self)
+        check_kv_formats(self)
         return self
 
     # ------------------------------------------------------------------ derived

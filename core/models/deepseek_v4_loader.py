@@ -7,7 +7,6 @@ memory map, one tensor at a time, so peak host memory stays near one tensor.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -15,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.models.deepseek_v4_config import V4Config
-from shuili.core.models.safetensors_index import Checkpoint, CheckpointError, check_tensor  # noqa: F401
+from shuili.core.models.safetensors_index import (Checkpoint, CheckpointError, check_tensor,  # noqa: F401
+                                                  write_checkpoint)
 from shuili.core.models.safetensors_index import open_safetensors as _open_safetensors  # noqa: F401 (old name)
 from shuili.hal import numerics
 from shuili.hal.types import Weight
@@ -218,8 +218,10 @@ def _load_expert(rd, name: str, shape: tuple[int, int]) -> tuple[str, torch.Tens
     return "dense", w, None
 
 
-def _stack_experts(rd: Checkpoint, prefix: str, cfg: V4Config, which: str, dt, dev: str) -> Weight:
-    """Stack experts.{j}.w1|w3 into [E, 2I, D] (gate rows then up rows) or experts.{j}.w2 into [E, D, I]."""
+def _stack_experts(rd: Checkpoint, prefix: str, cfg: V4Config, which: str, dt, dev: str,
+                   reject=None) -> Weight:
+    """Stack experts.{j}.w1|w3 into [E, 2I, D] (gate rows then up rows) or experts.{j}.w2 into [E, D, I].
+    `reject(name, fmt)`, when given, raises for a stored format the caller cannot read (the V4.1 loader's)."""
     E, I, D = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
     parts = ("w1", "w3") if which == "w13" else ("w2",)
     shape = (I, D) if which == "w13" else (D, I)
@@ -229,6 +231,8 @@ def _stack_experts(rd: Checkpoint, prefix: str, cfg: V4Config, which: str, dt, d
         for wname in parts:
             name = f"{prefix}experts.{j}.{wname}.weight"
             f, w, s = _load_expert(rd, name, shape)
+            if reject is not None:
+                reject(name, f)
             if fmt is None:
                 fmt = f
             elif f != fmt:
@@ -315,19 +319,4 @@ def released_tensors(cfg: V4Config, params: dict) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(path: str, cfg: V4Config, tensors: dict[str, torch.Tensor], shards: int = 1) -> None:
     """Write config.json + safetensors shards (released names) + the HF shard index to `path`."""
-    from safetensors.torch import save_file
-
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg.to_hf(), f, indent=1)
-    names = list(tensors)
-    per = -(-len(names) // shards)
-    index = {}
-    for k in range(shards):
-        fname = "model.safetensors" if shards == 1 else f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        chunk = {n: tensors[n].cpu() for n in names[k * per:(k + 1) * per]}
-        index.update({n: fname for n in chunk})
-        save_file(chunk, os.path.join(path, fname))
-    if shards > 1:
-        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {}, "weight_map": index}, f, indent=1)
+    write_checkpoint(path, cfg.to_hf(), tensors, shards)

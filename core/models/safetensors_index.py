@@ -16,6 +16,7 @@ Shards are opened through safetensors' memory map; a tensor's dtype and shape co
 from __future__ import annotations
 
 import difflib
+import json
 import os
 
 import torch
@@ -180,3 +181,24 @@ class Checkpoint:
         near = difflib.get_close_matches(name, self.where.keys(), n=3, cutoff=0.75)
         hint = f"; similar names in the checkpoint: {near}" if near else ""
         raise CheckpointError(f"checkpoint {self.path} is missing tensor {name!r} ({want}{src}){hint}")
+
+
+def write_checkpoint(path: str, config: dict, tensors: dict[str, torch.Tensor], shards: int = 1) -> None:
+    """Write `config` as config.json, `tensors` (in their order) over `shards` safetensors files, and,
+    when there is more than one, the HF shard index that `Checkpoint` reads back."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    names = list(tensors)
+    per = -(-len(names) // shards)
+    index = {}
+    for k in range(shards):
+        fname = "model.safetensors" if shards == 1 else f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        chunk = {n: tensors[n].cpu() for n in names[k * per:(k + 1) * per]}
+        index.update({n: fname for n in chunk})
+        save_file(chunk, os.path.join(path, fname))
+    if shards > 1:
+        with open(os.path.join(path, INDEX_FILE), "w") as f:
+            json.dump({"metadata": {}, "weight_map": index}, f, indent=1)

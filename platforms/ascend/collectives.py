@@ -55,19 +55,9 @@ def build(api, mode) -> dict:
     def all_to_all(x, send_counts, recv_counts, group=None):
         # torch.distributed.all_to_all_single over HCCL (no torch_npu op: the fused
         # npu_alltoallv_gmm / npu_gmm_alltoallv of torch_npu_schemas.txt are a later optimisation)
-        from shuili.platforms.reference.public import check_counts
+        from shuili.hal import distributed
 
-        n = _world(group)
-        send, recv = check_counts(x, send_counts, recv_counts, n)
-        if n == 1:
-            if recv != send:
-                raise ValueError(f"all_to_all on one rank: recv_counts {recv} must equal send_counts {send}")
-            return x
-        import torch.distributed as dist
-
-        took("all_to_all:hccl")
-        out = x.new_empty((sum(recv), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
-        return out
+        return distributed.all_to_all(x, send_counts, recv_counts, group, _world(group),
+                                      on_exchange=lambda: took("all_to_all:hccl"))
 
     return {"all_reduce": all_reduce, "all_gather": all_gather, "all_to_all": all_to_all}

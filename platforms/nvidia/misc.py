@@ -132,14 +132,7 @@ def all_to_all(x: torch.Tensor, send_counts, recv_counts, group: object | None =
     """NCCL all_to_all_single: rows are copied, so any algorithm gives the same bits."""
     import torch.distributed as dist
 
-    from shuili.platforms.reference.public import check_counts
+    from shuili.hal import distributed
 
     world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-    send, recv = check_counts(x, send_counts, recv_counts, world)
-    if world == 1:
-        if recv != send:
-            raise ValueError(f"all_to_all on one rank: recv_counts {recv} must equal send_counts {send}")
-        return x
-    out = x.new_empty((sum(recv), *x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
-    return out
+    return distributed.all_to_all(x, send_counts, recv_counts, group, world)

@@ -7,6 +7,36 @@ from shuili.hal import numerics
 from shuili.platforms.reference.attention import _rows, _slots
 
 
+def _check(t: int, query_start_loc: torch.Tensor, ratio: int, topk: int) -> list[int]:
+    qsl = query_start_loc.tolist()
+    if len(qsl) < 2 or qsl[0] != 0 or qsl[-1] != t:
+        raise ValueError(f"query_start_loc {qsl} must run from 0 to the {t} query tokens")
+    if ratio <= 0 or topk <= 0:
+        raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
+    return qsl
+
+
+def _scores(qf: torch.Tensor, wf: torch.Tensor, k_cache: torch.Tensor, k_format: str,
+            block_table: torch.Tensor, pos: torch.Tensor, ratio: int, b: int):
+    """Sequence b's queries (qf [q, H, Dk], wf [q, H] float32, pos [q]) against its visible entries:
+    (score [q, n] float32, -inf past each query's own n; n_t [q]), or None when no query sees an entry."""
+    bs = k_cache.shape[1]
+    n_t = (pos + 1) // ratio  # [q] entries each query sees
+    n = int(n_t.max())
+    if n == 0:
+        return None
+    if -(-n // bs) > block_table.shape[0]:
+        raise ValueError(f"a query of sequence {b} sees {n} entries but block_tables has only "
+                         f"{block_table.shape[0]} blocks of {bs}")
+    keys = _rows(k_cache, k_format, qf.shape[2], _slots(block_table, torch.arange(n), bs))
+    dots = numerics.dot(qf, keys)  # [q, H, n]
+    score = numerics.tree_sum(wf[:, :, None] * dots.clamp_min(0.0), dim=1)  # [q, n]
+    # entries past a query's own n rank after every real score and are cut by the callers
+    score = torch.where(torch.arange(n)[None, :] < n_t[:, None], score,
+                        torch.full_like(score, float("-inf")))
+    return score, n_t
+
+
 def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
                  block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                  positions: torch.Tensor, ratio: int, topk: int, k_format: str = "none") -> torch.Tensor:
@@ -14,13 +44,8 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
     `numerics.dot` (exact, per query and entry); score[e] = tree_sum_h(weights[t, h] * relu(dot[h, e]))
     (float32); stable descending sort (ties keep the lower entry id); the first topk, -1 padded.
     """
-    t, h, dk = q.shape
-    nb, bs = k_cache.shape[:2]
-    qsl = query_start_loc.tolist()
-    if len(qsl) < 2 or qsl[0] != 0 or qsl[-1] != t:
-        raise ValueError(f"query_start_loc {qsl} must run from 0 to the {t} query tokens")
-    if ratio <= 0 or topk <= 0:
-        raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
+    t = q.shape[0]
+    qsl = _check(t, query_start_loc, ratio, topk)
     pos = positions.to(torch.int64)
     qf = q.to(torch.float32)
     wf = weights.to(torch.float32)
@@ -29,19 +54,10 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
         lo, hi = qsl[b], qsl[b + 1]
         if hi == lo:
             continue
-        n_t = (pos[lo:hi] + 1) // ratio  # [q] entries each query sees
-        n = int(n_t.max())
-        if n == 0:
+        scored = _scores(qf[lo:hi], wf[lo:hi], k_cache, k_format, block_tables[b], pos[lo:hi], ratio, b)
+        if scored is None:
             continue
-        if -(-n // bs) > block_tables.shape[1]:
-            raise ValueError(f"a query of sequence {b} sees {n} entries but block_tables has only "
-                             f"{block_tables.shape[1]} blocks of {bs}")
-        keys = _rows(k_cache, k_format, dk, _slots(block_tables[b], torch.arange(n), bs))
-        dots = numerics.dot(qf[lo:hi], keys)  # [q, H, n]
-        score = numerics.tree_sum(wf[lo:hi, :, None] * dots.clamp_min(0.0), dim=1)  # [q, n]
-        # entries past a query's own n rank after every real score and are cut below
-        score = torch.where(torch.arange(n)[None, :] < n_t[:, None], score,
-                            torch.full_like(score, float("-inf")))
+        score, n_t = scored
         order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :topk]
         keep = torch.arange(order.shape[1])[None, :] < n_t[:, None]
         out[lo:hi, :order.shape[1]] = torch.where(keep, order, torch.full_like(order, -1)).to(torch.int32)
@@ -56,13 +72,8 @@ def indexer_select(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor
     (exact dots, tree sum over heads), -inf outside the visible entries and the candidate blocks,
     stable descending sorts (ties keep the lower id) for the entries and the candidate blocks.
     """
-    t, h, dk = q.shape
-    nb, bs = k_cache.shape[:2]
-    qsl = query_start_loc.tolist()
-    if len(qsl) < 2 or qsl[0] != 0 or qsl[-1] != t:
-        raise ValueError(f"query_start_loc {qsl} must run from 0 to the {t} query tokens")
-    if ratio <= 0 or topk <= 0:
-        raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
+    t = q.shape[0]
+    qsl = _check(t, query_start_loc, ratio, topk)
     if candidate_topk < 0 or candidate_block_size <= 0:
         raise ValueError(f"candidate_topk ({candidate_topk}) must be >= 0 and candidate_block_size "
                          f"({candidate_block_size}) > 0")
@@ -78,19 +89,13 @@ def indexer_select(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor
         lo, hi = qsl[b], qsl[b + 1]
         if hi == lo:
             continue
-        n_t = (pos[lo:hi] + 1) // ratio
-        n = int(n_t.max())
-        if n == 0:
+        scored = _scores(qf[lo:hi], wf[lo:hi], k_cache, k_format, block_tables[b], pos[lo:hi], ratio, b)
+        if scored is None:
             continue
-        if -(-n // bs) > block_tables.shape[1]:
-            raise ValueError(f"a query of sequence {b} sees {n} entries but block_tables has only "
-                             f"{block_tables.shape[1]} blocks of {bs}")
-        keys = _rows(k_cache, k_format, dk, _slots(block_tables[b], torch.arange(n), bs))
-        dots = numerics.dot(qf[lo:hi], keys)  # [q, H, n]
-        score = numerics.tree_sum(wf[lo:hi, :, None] * dots.clamp_min(0.0), dim=1)  # [q, n]
-        ent = torch.arange(n)
-        score = torch.where(ent[None, :] < n_t[:, None], score, torch.full_like(score, ninf))
+        score, n_t = scored
+        n = score.shape[1]
         if candidates is not None:
+            ent = torch.arange(n)
             allowed = ((ent // S)[None, :, None] == candidates[lo:hi, None, :].to(torch.int64)).any(-1)
             score = torch.where(allowed, score, torch.full_like(score, ninf))
         order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :topk]

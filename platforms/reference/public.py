@@ -8,15 +8,16 @@ between releases; a helper a backend needs is added here, not imported from its 
                             which backends may also import directly)
   apply_penalties           the penalty op (elementwise, device-agnostic)
   check_rope_args           the rope op's argument checks, shared so errors read the same
-  check_counts              all_to_all's count checks, shared so errors read the same
+  check_counts              all_to_all's count checks (from shuili.hal.distributed, which also
+                            holds the one all_to_all of every platform)
   dequantize_weight         any contract weight format -> float32 (exact)
   quantize_weight_*         test checkpoints in the fp8_block128 / mxfp4 weight formats
   kv_quantize, kv_dequantize  the KV row formats, bit-exact
 """
 from __future__ import annotations
 
+from shuili.hal.distributed import check_counts
 from shuili.hal.numerics import silu, tree_sum
-from shuili.platforms.reference.collectives import check_counts
 from shuili.platforms.reference.ops import OPS
 from shuili.platforms.reference.quant import (dequantize_weight, kv_dequantize, kv_quantize,
                                               quantize_weight_fp8_block128, quantize_weight_mxfp4)

@@ -20,6 +20,33 @@ def make_llm(model_kw=None, **engine_kw) -> LLM:
     return LLM(model=factory(**(model_kw or {})), platform=PLATFORM, **kw)
 
 
+def make_model_llm(model, **engine_kw) -> LLM:
+    """A real model (a NAMED config such as tiny-v4 / tiny-v41, or a factory) with the engine settings
+    the model invariance tests share."""
+    kw = dict(model=model, platform=PLATFORM, tokens_per_block=16, max_num_seqs=8, max_num_batched_tokens=256)
+    kw.update(engine_kw)
+    return LLM(**kw)
+
+
+def solo_bits(llm: LLM, prompts, params) -> list[tuple]:
+    """Each request generated alone on `llm`, one after another: the reference answers."""
+    return [bits(llm.generate([p], [s])[0]) for p, s in zip(prompts, params)]
+
+
+def run_preempting_first(eng, prompts, params, at=(2, 3)) -> list:
+    """Add every request and step until all finish, preempting the first running request after each
+    step in `at` and checking the scheduler after every step; returns the requests."""
+    reqs = [eng.add_request(p, s) for p, s in zip(prompts, params)]
+    step = 0
+    while eng.has_unfinished():
+        eng.step()
+        step += 1
+        if step in at and eng.scheduler.running:
+            eng.scheduler.preempt(eng.scheduler.running[0].request_id)
+        eng.scheduler.check()
+    return reqs
+
+
 def bits(out) -> tuple:
     """A request's result as comparable bits: token ids and the raw float32 logprob bytes."""
     return (tuple(out.token_ids), tuple(struct.pack("<f", x) for x in out.logprobs), out.finish_reason)

@@ -2,10 +2,10 @@
 sliding, compressed and compressor-state cache groups). Smaller workload than the toy-model suite."""
 from __future__ import annotations
 
-import pytest
-from core_helpers import PLATFORM, bits, workload
+from functools import partial
 
-from shuili import LLM
+import pytest
+from core_helpers import bits, make_model_llm, run_preempting_first, solo_bits, workload
 
 pytest.importorskip("shuili.core.models.deepseek_v4")
 
@@ -13,18 +13,12 @@ pytestmark = pytest.mark.slow
 
 PROMPTS, PARAMS = workload(6, seed=5, shared_prefix="x" * 40)
 
-
-def make(**kw):
-    base = dict(model="tiny-v4", platform=PLATFORM, tokens_per_block=16, max_num_seqs=8,
-                max_num_batched_tokens=256)
-    base.update(kw)
-    return LLM(**base)
+make = partial(make_model_llm, "tiny-v4")
 
 
 @pytest.fixture(scope="module")
 def solo():
-    llm = make(enable_prefix_caching=False)
-    return [bits(llm.generate([p], [s])[0]) for p, s in zip(PROMPTS, PARAMS)]
+    return solo_bits(make(enable_prefix_caching=False), PROMPTS, PARAMS)
 
 
 def test_v4_batch_and_hot_prefix(solo):
@@ -46,13 +40,6 @@ def test_v4_chunked_prefill_and_overlap(solo):
 def test_v4_forced_preemption(solo):
     llm = make()
     eng = llm.engine
-    reqs = [eng.add_request(p, s) for p, s in zip(PROMPTS, PARAMS)]
-    step = 0
-    while eng.has_unfinished():
-        eng.step()
-        step += 1
-        if step in (2, 3) and eng.scheduler.running:
-            eng.scheduler.preempt(eng.scheduler.running[0].request_id)
-        eng.scheduler.check()
+    reqs = run_preempting_first(eng, PROMPTS, PARAMS)
     assert sum(r.num_preemptions for r in reqs) >= 2
     assert [bits(eng.output(r)) for r in reqs] == solo

@@ -4,10 +4,11 @@ at several budgets, cold and hot prefix cache, after preemption; and a negative 
 batch-dependent op must break it."""
 from __future__ import annotations
 
-import pytest
-from core_helpers import PLATFORM, bits, workload
+from functools import partial
 
-from shuili import LLM
+import pytest
+from core_helpers import bits, make_model_llm, run_preempting_first, solo_bits, workload
+
 from shuili.hal.ops import DispatchTable
 
 pytestmark = pytest.mark.slow
@@ -15,16 +16,12 @@ pytestmark = pytest.mark.slow
 PROMPTS, PARAMS = workload(5, seed=7, shared_prefix="y" * 40)
 
 
-def make(model="tiny-v41", **kw):
-    base = dict(model=model, platform=PLATFORM, tokens_per_block=16, max_num_seqs=8, max_num_batched_tokens=256)
-    base.update(kw)
-    return LLM(**base)
+make = partial(make_model_llm, "tiny-v41")
 
 
 @pytest.fixture(scope="module")
 def solo():
-    llm = make(enable_prefix_caching=False)
-    return [bits(llm.generate([p], [s])[0]) for p, s in zip(PROMPTS, PARAMS)]
+    return solo_bits(make(enable_prefix_caching=False), PROMPTS, PARAMS)
 
 
 def test_v41_batch_and_hot_prefix(solo):
@@ -49,14 +46,7 @@ def test_v41_chunked_prefill(solo, budget):
 def test_v41_forced_preemption(solo):
     llm = make()
     eng = llm.engine
-    reqs = [eng.add_request(p, s) for p, s in zip(PROMPTS, PARAMS)]
-    step = 0
-    while eng.has_unfinished():
-        eng.step()
-        step += 1
-        if step in (2, 3) and eng.scheduler.running:
-            eng.scheduler.preempt(eng.scheduler.running[0].request_id)
-        eng.scheduler.check()
+    reqs = run_preempting_first(eng, PROMPTS, PARAMS)
     assert sum(r.num_preemptions for r in reqs) >= 2
     assert [bits(eng.output(r)) for r in reqs] == solo
 
@@ -71,5 +61,5 @@ def test_v41_negative_control_batch_dependent_op(solo):
         table["linear"] = lambda x, w, bias=None: inner(x, w, bias) * (1.0 + 1e-6 * (x.shape[0] > 1))
         return load_model("tiny-v41", DispatchTable(ops.platform, table, dict(ops.sources)), device, dtype, seed)
 
-    llm = make(model=factory, enable_prefix_caching=False)
+    llm = make_model_llm(factory, enable_prefix_caching=False)
     assert [bits(o) for o in llm.generate(PROMPTS, PARAMS)] != solo

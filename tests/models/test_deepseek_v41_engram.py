@@ -3,12 +3,10 @@ torch tensor ever aliases a table's memory (only the step's gathered rows are co
 uploaded). Negative control: a gather that wraps the table as a tensor must be caught."""
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from models_helpers import InlineExecutor, TensorWatch
 
 from shuili.core.models import deepseek_v41 as V
 from shuili.core.models.engram import EngramTable
@@ -16,32 +14,17 @@ from shuili.hal.config import PlatformConfig
 from shuili.hal.registry import resolve_platform
 
 
-class _Spans(TorchDispatchMode):
+class _Spans(TensorWatch):
     """Address ranges of every tensor an aten op reads or makes."""
 
     def __init__(self):
         super().__init__()
         self.spans: list[tuple[int, int]] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_leaves((args, kwargs, out)):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel():
-                s = t.untyped_storage()
-                self.spans.append((s.data_ptr(), s.data_ptr() + s.nbytes()))
-        return out
-
-
-class _Inline:
-    """Run the background gather in the calling thread, where the (thread-local) mode sees it."""
-
-    def submit(self, fn, *args):
-        f = Future()
-        f.set_result(fn(*args))
-        return f
-
-    def shutdown(self, wait=True):
-        pass
+    def saw(self, t):
+        if t.device.type != "meta" and t.numel():
+            s = t.untyped_storage()
+            self.spans.append((s.data_ptr(), s.data_ptr() + s.nbytes()))
 
 
 class _WrapsTable(EngramTable):
@@ -58,7 +41,7 @@ def test_tables_never_become_model_tensors(bad):
     assert eng is not None and set(eng.tables) == {1, 4}
     if bad:
         eng.tables = {k: _WrapsTable(t.data, t.scale, t.kind, t.head_dim, t.source) for k, t in eng.tables.items()}
-    eng._pool = _Inline()
+    eng._pool = InlineExecutor()
     tables = [(t.data.__array_interface__["data"][0], t.data.nbytes) for t in eng.tables.values()]
     drv = m.driver(max_seqs=1, max_len=64)
     with _Spans() as log:

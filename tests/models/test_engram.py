@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from models_helpers import InlineExecutor, TensorWatch
 
 from shuili.core.models.engram import Engram, EngramTable
 from shuili.core.models.engram_hash import (EngramHasher, EngramSpec, build_compressed_token_map,
@@ -219,32 +219,15 @@ def test_table_errors_name_the_tensor(tmp_path):
 
 
 # ----------------------------------------------------------------- never on the model's device
-class _TensorLog(TorchDispatchMode):
+class _TensorLog(TensorWatch):
     """Every tensor an aten op reads or makes: (device, bytes)."""
 
     def __init__(self):
         super().__init__()
         self.seen: list[tuple[str, int]] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_leaves((args, kwargs, out)):
-            if isinstance(t, torch.Tensor):
-                self.seen.append((t.device.type, t.numel() * t.element_size()))
-        return out
-
-
-class _Inline:
-    """Executor running the gather in the calling thread, so the (thread-local) log sees it."""
-
-    def submit(self, fn, *args):
-        from concurrent.futures import Future
-        f = Future()
-        f.set_result(fn(*args))
-        return f
-
-    def shutdown(self, wait=True):
-        pass
+    def saw(self, t):
+        self.seen.append((t.device.type, t.numel() * t.element_size()))
 
 
 class _TableOnDevice(EngramTable):
@@ -261,7 +244,7 @@ def _largest_tensor_seen(tables, spec, tmap, steps, device) -> int:
     log = _TensorLog()
     with log:
         eng = Engram(spec, tmap, tables, OPS, device=device)
-        eng._pool = _Inline()
+        eng._pool = InlineExecutor()
         for b in steps:
             rows = eng.step(b)
             for lid in spec.layer_ids:
