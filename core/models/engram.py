@@ -404,7 +404,10 @@ class Engram:
     @property
     def static_capable(self) -> bool:
         """Whether a static decode step can be served: the device reads host memory directly (the
-        CPU), or the platform's transfer service can map host pages for the device (`map_host`)."""
+        CPU), or the platform's transfer service can map host pages for the device (`map_host`); and
+        no table stores float32 scales (those become e8m0 bytes in the host gather only)."""
+        if any(t.scale is not None and t.scale.dtype == np.uint32 for t in self.tables.values()):
+            return False
         return self.device.type == "cpu" or callable(getattr(self.transfer, "map_host", None))
 
     def static_rows(self, input_ids: torch.Tensor, history: torch.Tensor) -> dict[int, torch.Tensor]:
