@@ -11,11 +11,9 @@ op call's tensor shapes, which must depend only on the (batch, width) bucket.
 """
 from __future__ import annotations
 
-import contextlib
-
 import pytest
-import torch
 from core_helpers import PLATFORM, bits
+from static_guard import ReplayByRerun, guarded, install
 
 import shuili.core.graphs as graphs_mod
 from shuili import LLM, SamplingParams
@@ -23,105 +21,6 @@ from shuili.core.graphs import DecodeGraphs
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(PLATFORM != "reference", reason="the device-free capture stand-in")]
-
-_HOST_READS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
-
-
-class HostRead(AssertionError):
-    pass
-
-
-class _Guard:
-    """While `on`, a host read of any tensor raises HostRead (patched on torch.Tensor)."""
-
-    def __init__(self):
-        self.on = False
-        self.caught: list[str] = []  # the engine turns a failed step into failed requests: keep a record
-
-    @contextlib.contextmanager
-    def active(self):
-        saved = {n: getattr(torch.Tensor, n) for n in _HOST_READS}
-
-        def make(name, orig):
-            def f(t, *a, **k):
-                if self.on:
-                    self.caught.append(name)
-                    raise HostRead(f"host read of a tensor ({name}) in the static decode path")
-                return orig(t, *a, **k)
-            return f
-
-        for n, orig in saved.items():
-            setattr(torch.Tensor, n, make(n, orig))
-        self.on = True
-        try:
-            yield
-        finally:
-            self.on = False
-            for n, orig in saved.items():
-                setattr(torch.Tensor, n, orig)
-
-
-class _Ops:
-    """The model's DispatchTable, recording each op call's tensor shapes; ops run unguarded."""
-
-    def __init__(self, ops, guard: _Guard):
-        self._ops, self._guard, self.calls = ops, guard, None
-
-    def __getattr__(self, name):
-        fn = getattr(self._ops, name)
-        if not callable(fn):
-            return fn
-
-        def call(*a, **k):
-            on, self._guard.on = self._guard.on, False
-            try:
-                out = fn(*a, **k)
-            finally:
-                self._guard.on = on
-            if self.calls is not None:
-                self.calls.append((name, _shapes(a), _shapes(tuple(k.values())), _shapes(out)))
-            return out
-        return call
-
-
-def _shapes(x):
-    if isinstance(x, torch.Tensor):
-        return tuple(x.shape), x.dtype
-    if isinstance(x, (tuple, list)):
-        return tuple(_shapes(v) for v in x)
-    return type(x).__name__
-
-
-class ReplayByRerun:
-    """capture(fn) -> replay, device-free. The warm-up run on all-padding inputs must write nothing;
-    replays run under the host-read guard and record op shapes per capture (one signature each)."""
-
-    def __init__(self, guard: _Guard | None = None, ops: _Ops | None = None):
-        self.caches = None
-        self.captured = 0
-        self.guard, self.ops = guard, ops
-        self.signatures: dict[int, set] = {}
-
-    def __call__(self, fn):
-        before = {n: [t.clone() for t in ts] for n, ts in self.caches.items()}
-        fn()
-        for n, ts in self.caches.items():
-            for a, b in zip(before[n], ts):
-                assert a.equal(b), f"a padding-only step wrote cache group {n}"
-        self.captured += 1
-        if self.guard is None:
-            return fn
-        key = self.captured
-        self.signatures[key] = set()
-
-        def replay():
-            self.ops.calls = []
-            with self.guard.active():
-                out = fn()
-            self.signatures[key].add(tuple(self.ops.calls))
-            self.ops.calls = None
-            return out
-        return replay
 
 
 def make(graphs: bool, capture=None, **kw):
@@ -132,19 +31,12 @@ def make(graphs: bool, capture=None, **kw):
     eng = llm.engine
     if graphs:
         assert eng.model.supports_static_decode and eng.model.engram is not None
-        if capture.ops is not None:  # record every op call the static forward makes
-            capture.ops._ops = eng.model.ops
-            eng.model.ops = eng.model.engram.ops = capture.ops
+        install(capture, eng)  # guarded captures record every op call the static forward makes
         capture.caches = eng.runner.caches
         eng.runner.graphs = DecodeGraphs(eng.model, capture, eng.runner.groups, eng.config.max_num_seqs,
                                          -(-eng.max_model_len // eng.kv.P), eng.kv.P, eng.device)
     assert (eng.runner.graphs is not None) == graphs
     return llm
-
-
-def guarded() -> ReplayByRerun:
-    g = _Guard()
-    return ReplayByRerun(g, _Ops(None, g))
 
 
 def workload():
