@@ -12,6 +12,7 @@ op call's tensor shapes, which must depend only on the (batch, width) bucket.
 from __future__ import annotations
 
 import pytest
+import torch
 from core_helpers import PLATFORM, bits
 from static_guard import ReplayByRerun, guarded, install
 
@@ -141,3 +142,33 @@ def test_wrong_padding_is_caught(eager, monkeypatch):
     g = llm.engine.runner.graphs
     assert any(B > 1 for B, _ in g.graphs)  # padding rows existed
     assert got != eager
+
+
+def test_padding_rows_see_no_index_entry():
+    """Padding rows (block tables -1) must reach `indexer_select` with no visible entry: at ratio 1
+    position 0 would see one, and a kernel would read its key through block -1 (StaticMeta passes
+    index_pos -1 there). Captures run on all-padding inputs, so every indexer call is checked."""
+    cap = ReplayByRerun()
+    llm = make(True, cap, max_model_len=64)
+    m = llm.engine.model
+    seen = []
+
+    class Spy:
+        def __init__(self, ops):
+            self._ops = ops
+
+        def __getattr__(self, name):
+            fn = getattr(self._ops, name)
+            if name != "indexer_select":
+                return fn
+
+            def call(q, w, k, bt, qsl, pos, ratio, *a, **kw):
+                dead = (bt < 0).all(1)
+                seen.append((ratio, int((torch.div(pos[dead] + 1, ratio, rounding_mode="floor")).max())))
+                return fn(q, w, k, bt, qsl, pos, ratio, *a, **kw)
+            return call
+
+    m.ops = Spy(m.ops)
+    assert llm.engine.runner.graphs.capture_all() > 0
+    assert {r for r, _ in seen} == {1, 2}  # both KV-source ratios were indexed
+    assert max(n for _, n in seen) == 0
