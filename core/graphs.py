@@ -126,7 +126,8 @@ class DecodeGraphs:
         return logits
 
     def _capture(self, B: int, W: int) -> _Graph | None:
-        g = _Graph(_static_batch(self.groups, B, W, self.tokens_per_block, self.device))
+        g = _Graph(_static_batch(self.groups, B, W, self.tokens_per_block, self.device,
+                                 int(getattr(self.model, "engram_lookback", 0) or 0)))
         try:
             g.replay = self.capture(lambda: self._forward(g))
         except Exception as exc:  # a model or op that cannot be captured still runs, eagerly
@@ -138,10 +139,12 @@ class DecodeGraphs:
         return g
 
 
-def _static_batch(groups: list[CacheGroupSpec], B: int, W: int, P: int, dev: str) -> ForwardBatch:
-    """All-padding buffers: nothing a replay of them writes lands in the cache."""
+def _static_batch(groups: list[CacheGroupSpec], B: int, W: int, P: int, dev: str,
+                  engram_lookback: int = 0) -> ForwardBatch:
+    """All-padding buffers: nothing a replay of them writes lands in the cache. Engram models also
+    get the look-back ids [B, engram_lookback] (padding: -1, before any sequence)."""
     i64, i32 = torch.int64, torch.int32
-    return ForwardBatch(
+    batch = ForwardBatch(
         input_ids=torch.zeros(B, dtype=i64, device=dev),
         positions=torch.zeros(B, dtype=i64, device=dev),
         query_start_loc=torch.arange(B + 1, dtype=i32, device=dev),
@@ -152,6 +155,9 @@ def _static_batch(groups: list[CacheGroupSpec], B: int, W: int, P: int, dev: str
                       for g in groups if g.kind != "compressed"},
         logits_indices=torch.arange(B, dtype=i64, device=dev),
         tokens_per_block=P, static_decode=True)
+    if engram_lookback:
+        batch.engram_history = torch.full((B, engram_lookback), -1, dtype=i64, device=dev)
+    return batch
 
 
 def _fill(static: ForwardBatch, batch: ForwardBatch) -> None:
@@ -167,3 +173,6 @@ def _fill(static: ForwardBatch, batch: ForwardBatch) -> None:
     for name, dst in static.slot_mapping.items():
         dst[T:].fill_(-1)
         dst[:T].copy_(batch.slot_mapping[name], non_blocking=True)
+    if static.engram_history is not None:
+        static.engram_history[T:].fill_(-1)
+        static.engram_history[:T].copy_(batch.engram_history, non_blocking=True)

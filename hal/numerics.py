@@ -156,9 +156,10 @@ def tree_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return x[..., 0]
 
 
-def exp64(x: torch.Tensor) -> torch.Tensor:
+def exp64(x: torch.Tensor, narrow: bool = False) -> torch.Tensor:
     """exp in float64 from basic ops: x = n ln2 + r (Cody-Waite), Taylor(r) by Horner, times 2^n.
-    Input is clamped to [-745, 709]; float32 callers clamp tighter (see `exp`).
+    Input is clamped to [-745, 709]; float32 callers clamp tighter (see `exp`). narrow: the caller
+    guarantees x >= -693 (so n >= -1000).
     """
     x = x.to(torch.float64).clamp(-745.0, 709.0)
     n = (x * _INV_LN2).round_()
@@ -166,7 +167,9 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
     p = r * _EXP_COEFFS[-1] + _EXP_COEFFS[-2]
     for c in reversed(_EXP_COEFFS[:-2]):
         p.mul_(r).add_(c)  # in place: the same two roundings per step as p * r + c
-    if not p.numel() or float(n.min()) >= -1000.0:
+    # the range test reads n only on the host: a device read would sync, which a captured graph
+    # (static decode) cannot do; both forms give the same bits whenever n >= -1000
+    if not p.numel() or narrow or (x.device.type == "cpu" and float(n.min()) >= -1000.0):
         # p * 2^n rounds once from the exact p 2^n, as the two-factor form below does
         return p.mul_(pow2(n))
     # split 2^n in two factors so n near the ends of the range stays inside the exponent field
@@ -176,7 +179,7 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
 
 def exp(x: torch.Tensor) -> torch.Tensor:
     """float32 exp: float64 `exp64` rounded once to float32 (inf above 88.73, 0 below -103.98)."""
-    return exp64(x.to(torch.float64).clamp(-110.0, 90.0)).to(torch.float32)
+    return exp64(x.to(torch.float64).clamp(-110.0, 90.0), narrow=True).to(torch.float32)
 
 
 def log64(x: torch.Tensor) -> torch.Tensor:

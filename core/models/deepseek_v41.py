@@ -24,6 +24,7 @@ import torch
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch, bind_group_caches
 from shuili.core.models.deepseek_v41_cache import cache_groups, idx_group, kv_group, state_group
 from shuili.core.models.deepseek_v41_config import V41Config, named
+from shuili.core.models.deepseek_v41_static import StaticMeta
 from shuili.core.models.deepseek_v4 import rope_tables
 from shuili.core.models.deepseek_v4_cache import token_slots
 from shuili.core.models.driver import CacheDriver
@@ -108,6 +109,7 @@ class _NewEntries:
     src: torch.Tensor  # int64 [N, r]: state slots of the source tokens (r > 1) or [N] token rows (r = 1)
     out_slots: torch.Tensor  # int64 [N] slots in the source's kv / idx groups
     positions: torch.Tensor  # int64 [N] rope position = the group's first token
+    done: torch.Tensor | None = None  # bool [N] (static decode, deepseek_v41_static.py); None: all complete
 
 
 class _Meta:
@@ -118,9 +120,10 @@ class _Meta:
         if P != m.tokens_per_block:
             raise ValueError(f"batch tokens_per_block {P} != the {m.tokens_per_block} the caches were bound with")
         if b.static_decode:
-            raise ValueError("DeepSeek-V4.1 runs eager batches only (supports_static_decode is False)")
+            raise ValueError("static decode batches take StaticMeta (deepseek_v41_static.py), not _Meta")
         self.batch, self.P = b, P
         self.pos = b.positions.long()
+        self.index_pos = self.pos  # the indexer's positions (StaticMeta: -1 on padding rows)
         self.qsl = b.query_start_loc
         self.ctx = b.context_lens_cpu or b.context_lens.tolist()
         self.sl = b.seq_lens_cpu or b.seq_lens.tolist()
@@ -165,7 +168,11 @@ class _Shared:
 class DeepseekV41Model:
     """Implements `shuili.core.model_api.Model` for DeepSeek-V4.1 checkpoints and random configs."""
 
-    supports_static_decode = False
+    @property
+    def supports_static_decode(self) -> bool:
+        """Decode steps replay as device graphs (StaticMeta; Engram rows through device-mapped
+        tables, `Engram.static_rows`): always without Engram, else where the tables can be mapped."""
+        return self.engram is None or self.engram.static_capable
 
     def __init__(self, cfg: V41Config, ops: DispatchTable, params: dict, device: str = "cpu",
                  dtype: str = "float32", max_model_len: int | None = None, tokenizer=None, engram=None):
@@ -208,7 +215,7 @@ class DeepseekV41Model:
         if not self.caches:
             raise RuntimeError("bind_caches() must be called before forward()")
         ops, cfg = self.ops, self.cfg
-        meta = _Meta(self, batch)
+        meta = StaticMeta(self, batch) if batch.static_decode else _Meta(self, batch)
         h = ops.embedding(batch.input_ids, self.embed)
         m = cfg.hc_mult
         x = h[:, None, :].expand(-1, m, -1).contiguous()  # [T, m, D] residual streams
@@ -333,6 +340,8 @@ class DeepseekV41Model:
             if new.out_slots.numel() == 0:
                 return
             rows = state.view(-1, 2 * d)[new.src.clamp(min=0)]  # [N, r, 2d]
+            if new.done is not None:  # static decode: a row that completes no entry pools zeros, never stored
+                rows = torch.where(new.done[:, None, None], rows, torch.zeros_like(rows))
             kv, gate = rows[..., :d], rows[..., d:]
             # per-channel softmax over the group's tokens, in float32 from `hal.numerics`
             pw = numerics.softmax_last(gate.transpose(1, 2)).transpose(1, 2)
@@ -362,7 +371,7 @@ class DeepseekV41Model:
         pool = shared.candidates if 0 <= cand_src < layer else None
         ratio = cfg.ratio(src)
         ids, cand = ops.indexer_select(q, w, self.caches[idx_group(src)][src], meta.batch.block_tables[idx_group(src)],
-                                       meta.qsl, meta.pos, ratio, cfg.index_topk, cfg.indexer_k_format,
+                                       meta.qsl, meta.index_pos, ratio, cfg.index_topk, cfg.indexer_k_format,
                                        pool, cfg.candidate_topk_blocks if is_cand else 0, cfg.candidate_block_size)
         if is_cand:
             shared.candidates = cand

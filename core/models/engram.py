@@ -217,6 +217,7 @@ class Engram:
         self._slots = prefetch_slots
         self._lock = threading.Lock()
         self._uva: dict[int, tuple] = {}
+        self._static_dev = None  # the device the static-decode views and hasher were built for
         self._warned: set[int] = set()
         self.stats = {"host_gathers": 0, "prefetch_hits": 0, "device_gathers": 0}
 
@@ -298,7 +299,9 @@ class Engram:
         ids_cpu = getattr(batch, "input_ids_cpu", None) or []
         hist_cpu = getattr(batch, "engram_history_cpu", None) or []
         lb = self.spec.lookback
-        if batch.static_decode or len(ids_cpu) != t or len(hist_cpu) != t * lb:
+        if batch.static_decode:  # a graph-capturable step: no host gather, no host sync, fixed shapes
+            return EngramRows(self, [("static", batch.input_ids, hist)], t)
+        if len(ids_cpu) != t or len(hist_cpu) != t * lb:
             return EngramRows(self, [("device", batch.input_ids, hist)], t)
         qsl = batch.query_start_loc_cpu or [0, t]
         parts, run = [], None  # run: (kind, first row, end row) of consecutive chunks of one kind
@@ -338,7 +341,9 @@ class Engram:
     def _materialise(self, parts: list, t: int) -> dict[int, torch.Tensor]:
         per_layer: dict[int, list[torch.Tensor]] = {lid: [] for lid in self.spec.layer_ids}
         for part in parts:
-            if part[0] == "device":
+            if part[0] == "static":
+                got = self.static_rows(part[1], part[2])
+            elif part[0] == "device":
                 got = self._device_rows(part[1], part[2])
             else:
                 got = self._upload(part[1].result())
@@ -395,8 +400,64 @@ class Engram:
             table.gather(host, buf.numpy())
             return table.decode(upload_tensor(self.transfer, buf, ids.device), host.size, self.ops)
 
+    # --------------------------------------------------------------------- static (graph) decode
+    @property
+    def static_capable(self) -> bool:
+        """Whether a static decode step can be served: the device reads host memory directly (the
+        CPU), or the platform's transfer service can map host pages for the device (`map_host`); and
+        no table stores float32 scales (those become e8m0 bytes in the host gather only)."""
+        if any(t.scale is not None and t.scale.dtype == np.uint32 for t in self.tables.values()):
+            return False
+        return self.device.type == "cpu" or callable(getattr(self.transfer, "map_host", None))
+
+    def static_rows(self, input_ids: torch.Tensor, history: torch.Tensor) -> dict[int, torch.Tensor]:
+        """The rows of a static decode step (inside a device graph): hashed on the device and read by
+        `index_select` from device views of the tables' host pages; shapes depend on T only, nothing
+        is read back to the host. The first call (a warm-up run, before any capture) builds the device
+        hasher and maps the tables; a table that cannot be mapped raises (the graph capture then fails
+        and decode runs eagerly, through `step`'s host round trip), never a host gather in the graph."""
+        self.stats["static_gathers"] = self.stats.get("static_gathers", 0) + 1
+        dev = input_ids.device
+        views = self._static_views(dev)
+        rid = self._dev_hasher(windows_from(input_ids, history), check=False)  # [T, L, C] on the device
+        out = {}
+        for k, lid in enumerate(self.spec.layer_ids):
+            ids = rid[:, k].reshape(-1)
+            parts = [v.index_select(0, ids).reshape(-1) for v in views[lid]]
+            out[lid] = self.tables[lid].decode(torch.cat(parts) if len(parts) > 1 else parts[0], ids.numel(),
+                                               self.ops)
+        return out
+
+    def _static_views(self, dev: torch.device) -> dict[int, tuple[torch.Tensor, ...]]:
+        if self._static_dev == dev:
+            return self._uva
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("Engram tables must be mapped before a decode graph is captured (a warm-up "
+                               "run maps them)")
+        self._dev_hasher = self.host_hasher.to(dev)
+        for lid in self.spec.layer_ids:
+            if lid in self._uva:
+                continue
+            if dev.type == "cpu":  # the device is the host: views alias the mapped file
+                self._uva[lid] = _host_views(self.tables[lid])
+            else:
+                self._uva[lid] = _mapped_views(self.transfer, self.tables[lid], dev)
+        self._static_dev = dev
+        return self._uva
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _host_views(table: EngramTable) -> tuple[torch.Tensor, ...]:
+    """CPU tensors aliasing the table's memmap (no copy; only the pages of rows read are touched)."""
+    import warnings
+
+    if table.scale is not None and table.scale.dtype == np.uint32:
+        raise RuntimeError("float32 Engram scales need the host gather (converted to e8m0 there)")
+    with warnings.catch_warnings():  # read-only pages: the views are only ever read
+        warnings.simplefilter("ignore", UserWarning)
+        return tuple(torch.from_numpy(np.asarray(a)) for a in (table.data, table.scale) if a is not None)
 
 
 def _mapped_views(transfer, table: EngramTable, device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -156,16 +156,17 @@ class EngramHasher:
     def to(self, device) -> "EngramHasher":
         return self if torch.device(device) == self.device else EngramHasher(self.spec, self.token_map.cpu(), device)
 
-    def __call__(self, windows: torch.Tensor) -> torch.Tensor:
+    def __call__(self, windows: torch.Tensor, check: bool = True) -> torch.Tensor:
         """windows int64 [T, N]: raw token ids of positions p, p-1, ..., p-N+1 (DEAD = -1 before the
-        sequence start) -> row ids int64 [T, L, C] (C = (N-1) * n_heads), on windows' device."""
+        sequence start) -> row ids int64 [T, L, C] (C = (N-1) * n_heads), on windows' device.
+        check=False skips the host-side id check (a static decode step reads no value on the host)."""
         n = self.spec.max_ngram_size
         if windows.ndim != 2 or windows.shape[1] != n:
             raise ValueError(f"windows must be [T, {n}] (a token and its {n - 1} predecessors), "
                              f"got {tuple(windows.shape)}")
         # checked on the host only: reading a device tensor's max would sync (a device index out of
         # range still fails, in the gather)
-        if windows.device.type == "cpu" and windows.numel() and int(windows.max()) >= self.token_map.numel():
+        if check and windows.device.type == "cpu" and windows.numel() and int(windows.max()) >= self.token_map.numel():
             raise ValueError(f"token id {int(windows.max())} is outside the compressed-token map "
                              f"({self.token_map.numel()} ids)")
         dead = windows < 0

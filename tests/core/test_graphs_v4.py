@@ -140,3 +140,20 @@ def test_engine_records_graphs_at_startup_unless_lazy(monkeypatch, when):
     assert g is not None
     want = len(g.buckets) * len(g.widths()) if when == "startup" else 0
     assert len(g.graphs) == cap.captured == want
+
+
+@pytest.mark.skipif(PLATFORM != "reference", reason="the device-free capture stand-in")
+def test_static_decode_reads_nothing_back_and_shapes_follow_the_bucket(eager):
+    """Replays under the host-read guard (tests/core/static_guard.py): no tensor is read back in
+    model code, and each graph's op calls have one shape signature, whatever the step's values."""
+    from static_guard import guarded, install
+
+    cap = guarded()
+    llm = make(True, cap)
+    install(cap, llm.engine)
+    prompts, params = workload()
+    assert [bits(o) for o in llm.generate(prompts, params)] == eager
+    assert not cap.guard.caught
+    replayed = [s for s in cap.signatures.values() if s]
+    assert len(replayed) == len(llm.engine.runner.graphs.graphs) >= 3
+    assert all(len(s) == 1 for s in replayed)

@@ -333,3 +333,34 @@ def test_scale_in_another_shard(tmp_path):
     out = np.empty(ids.size * split.packed_bytes, np.uint8)
     split.gather(ids, out)
     assert torch.equal(split.decode(torch.from_numpy(out), ids.size, OPS), direct[1][torch.from_numpy(ids)])
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "f32"])
+def test_static_decode_rows_equal_the_host_gather(tmp_path, fmt):
+    """A static (graph) decode step's rows (`Engram.static_rows`: device hash, index_select from
+    views of the mapped pages; on the CPU aliases of the memmap) equal the host gather's bits."""
+    spec, tmap, tables, direct = tiny_setup(tmp_path, fmt)
+    eng = Engram(spec, tmap, tables, OPS)
+    assert eng.static_capable
+    reqs = [[3, 4, 5, 6, 7, 8, 9], [50, 51], [1, 2, 3]]
+    host = eng.step(_batch(reqs, spec.lookback))
+    b = _batch(reqs, spec.lookback)
+    b.static_decode = True  # one row per token, ids only on the device
+    static = eng.step(b)
+    for lid in spec.layer_ids:
+        assert torch.equal(host.get(lid), static.get(lid))
+    assert eng.stats["static_gathers"] == 1 and eng.stats["device_gathers"] == 0
+    eng.close()
+
+
+def test_float32_scales_cannot_serve_static_decode(tmp_path):
+    """Float32 scales become e8m0 bytes only in the host gather: such tables decline graphs."""
+    spec, tmap, tables, _ = tiny_setup(tmp_path)
+    t = tables[spec.layer_ids[0]]
+    exps = t.scale.astype(np.uint32) << 23  # float32 powers of two, as their bits
+    tables[spec.layer_ids[0]] = EngramTable(t.data, exps, "mxfp8", t.head_dim, t.source)
+    eng = Engram(spec, tmap, tables, OPS)
+    assert not eng.static_capable
+    with pytest.raises(RuntimeError, match="float32 Engram scales"):
+        eng.static_rows(torch.tensor([3, 4]), torch.full((2, spec.lookback), -1))
+    eng.close()

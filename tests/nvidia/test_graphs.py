@@ -113,3 +113,34 @@ def test_overlap_decode_launch_never_syncs(temperature, top_p):
     outs = llm.generate(prompts, params)
     assert all(o.error is None for o in outs), [o.error for o in outs]
     assert len(checked) >= 8
+
+
+def _v41_bits(eager: bool, overlap: bool = False):
+    import struct
+
+    from shuili import LLM, SamplingParams
+    from shuili.hal import PlatformConfig
+
+    llm = LLM(model="tiny-v41", platform=PlatformConfig(platform="nvidia", batch_invariant=True),
+              tokens_per_block=16, max_num_seqs=8, max_num_batched_tokens=64, enforce_eager=eager,
+              overlap=overlap)
+    lens = [1, 2, 7, 16, 17, 33, 46]
+    prompts = [[(7 * i + 3 * j) % 250 + 3 for j in range(n)] for i, n in enumerate(lens)]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=100 + i, max_tokens=6 + 3 * i,
+                             ignore_eos=True, logprobs=1) for i in range(len(lens))]
+    outs = llm.generate(prompts, params)
+    assert all(o.error is None for o in outs), [o.error for o in outs]
+    bits = [(o.token_ids, [struct.pack("<f", x) for x in o.logprobs]) for o in outs]
+    return bits, llm.engine.runner.graphs, llm.engine.model.engram
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_v41_decode_graphs_match_eager_bits_in_batch_invariant_mode(overlap):
+    """tiny-v41 (CED reuse, two-level indexer, Engram read from registered host pages inside the
+    graph): replayed decode steps give the eager bits. Not yet run on a GPU (written device-free)."""
+    eager, g0, _ = _v41_bits(True)
+    graphed, g, engram = _v41_bits(False, overlap)
+    assert g0 is None and g is not None and g.disabled is None, getattr(g, "disabled", None)
+    assert sum(x.replays for x in g.graphs.values()) >= 10 and len(g.graphs) >= 3
+    assert engram.stats.get("static_gathers", 0) > 0  # the captured Engram path (counted at record time)
+    assert graphed == eager
