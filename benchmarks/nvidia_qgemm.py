@@ -185,8 +185,8 @@ def sweep(bw):
         bks = (128,) if fmt == "fp8_block128" else (128, 256)
         for bn in (32, 64, 128):
             for bk in bks:
-                for nw in (4, 8):
-                    for st in (3, 4):
+                for nw in (None, 8):
+                    for st in (None, 4):
                         qgemm.BN_DEFAULT, qgemm.NUM_WARPS, qgemm.NUM_STAGES = bn, nw, st
                         qgemm.BK_OF[fmt] = bk
                         try:

@@ -44,9 +44,14 @@ BN_DEFAULT = 64
 MIN_PROGRAMS = 264
 MIN_KC = 512
 BI_MIN_PROGRAMS = 132
-MAX_BM = 128
-NUM_WARPS = 4
-NUM_STAGES = 3
+# row tiles of 64 (one Hopper warpgroup MMA) at most: a 128-row tile needs 120 KB of shared memory
+# for 3 stages (one program per SM), where 64 rows leave room for three
+MAX_BM = 64
+NUM_WARPS = None  # None: 4 warps for 16-row tiles, 8 above (no spills: benchmarks/qgemm_sass.py)
+NUM_STAGES = None  # None: 4 for 16-row tiles, 3 above (shared memory)
+# float32 activations (IEEE dots, FMA on CUDA cores) take K in steps of 32: at 128 the operand
+# tiles spill by kilobytes per thread
+F32_BK = 32
 
 
 # ------------------------------------------------------------------------------------ weight tiles
@@ -82,8 +87,10 @@ def _fp8_tile(w_ptr, e, cols, cok, kk, kok, s_we, s_wn, NATIVE_FP8: tl.constexpr
     """Weight tile [BN, BK] of e4m3 codes as float32 (exact), unscaled."""
     c = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=cok[:, None] & kok[None, :], other=0)
     if NATIVE_FP8:
-        return c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    return e4m3_to_f32(c)
+        v = c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        v = e4m3_to_f32(c)
+    return v
 
 
 @triton.jit
@@ -92,12 +99,14 @@ def _dot(acc, a, w, F32: tl.constexpr, HILO: tl.constexpr):
     bf16 dots (hi + lo parts of a: about 16 of its 24 bits)."""
     wt = tl.trans(w)
     if F32:
-        return tl.dot(a, wt, acc, input_precision="ieee")
-    if HILO:
+        out = tl.dot(a, wt, acc, input_precision="ieee")
+    elif HILO:
         hi = a.to(tl.bfloat16)
         lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
-        return tl.dot(lo, wt, tl.dot(hi, wt, acc))
-    return tl.dot(a, wt, acc)
+        out = tl.dot(lo, wt, tl.dot(hi, wt, acc))
+    else:
+        out = tl.dot(a, wt, acc)
+    return out
 
 
 @triton.jit
@@ -116,8 +125,10 @@ def _k_step(acc, a, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn
     if FMT == 1:
         sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + k0 // 128, mask=cok, other=0.0)
         part = _dot(tl.zeros([BM, BN], tl.float32), a, w, F32, HILO)
-        return acc + part * sc[None, :]
-    return _dot(acc, a, w, F32, HILO)
+        out = acc + part * sc[None, :]
+    else:
+        out = _dot(acc, a, w, F32, HILO)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ kernel
@@ -171,22 +182,22 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
     if SPLIT > 1:
         part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
         tl.store(part + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=ok)
-        return
-    if SWIGLU:
-        g = acc
-        u = acc_u
-        if HAS_LIMIT:
-            g = tl.minimum(g, limit)
-            u = tl.minimum(tl.maximum(u, -limit), limit)
-        acc = g / (1.0 + tl.exp(-g)) * u
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=cok, other=0.0).to(tl.float32)[None, :]
-    if Y_IDX:
-        dst = tl.load(yi_ptr + rows, mask=rok, other=0).to(tl.int64)
-        acc = acc * tl.load(yw_ptr + dst, mask=rok, other=0.0)[:, None]
     else:
-        dst = rows.to(tl.int64)
-    tl.store(y_ptr + dst[:, None] * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
+        if SWIGLU:
+            g = acc
+            u = acc_u
+            if HAS_LIMIT:
+                g = tl.minimum(g, limit)
+                u = tl.minimum(tl.maximum(u, -limit), limit)
+            acc = g / (1.0 + tl.exp(-g)) * u
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=cok, other=0.0).to(tl.float32)[None, :]
+        if Y_IDX:
+            dst = tl.load(yi_ptr + rows, mask=rok, other=0).to(tl.int64)
+            acc = acc * tl.load(yw_ptr + dst, mask=rok, other=0.0)[:, None]
+        else:
+            dst = rows.to(tl.int64)
+        tl.store(y_ptr + dst[:, None] * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -264,6 +275,8 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
     data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
     bm0, bn, bk = tiles_for(m, w.format, batch_invariant)
     bm = bm or bm0
+    if x.dtype == torch.float32 and not hilo:
+        bk = F32_BK
     if grouped:
         te, t0, t1, nt = tiles
         groups = w.shape[0]
@@ -287,7 +300,7 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
         FMT=FMT_ID[w.format], GROUPED=grouped, X_IDX=xi is not None, Y_IDX=yi is not None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
         NATIVE_FP8=not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        num_warps=NUM_WARPS or (4 if bm <= 16 else 8), num_stages=NUM_STAGES or (4 if bm <= 16 else 3))
     if split > 1:
         block = 1024
         _split_sum_kernel[(cdiv(m * n, block),)](out, bias if bias is not None else out, y, m, n, y.stride(0),
