@@ -27,6 +27,7 @@ BF = torch.bfloat16
 L2_BYTES = 120 << 20  # rotate over at least this many weight bytes
 # mid-v4 decode linears (N, K): wq_a, wq_b, wkv, wo_b, shared w1/w3, shared w2, indexer wq_b; 4096^2
 LINEARS = [(512, 2048), (8192, 512), (2048, 2048), (768, 2048), (2048, 768), (4096, 512), (4096, 4096)]
+MOE = (32, 6, 2048, 768)  # mid-v4 routed experts: E, top-k, D, I
 
 
 def bench(fn, ms=100):
@@ -140,7 +141,7 @@ def linear_rows(bw, ms_list, fmts, bi_list, quick):
 
 def moe_rows(bw, t_list, fmts, bi_list):
     rows = []
-    e, k, d, inter = 32, 6, 2048, 768
+    e, k, d, inter = MOE
     for fmt in fmts:
         per = 2 * inter * d + d * inter
         mk = lambda: (rand_weight(fmt, (e, 2 * inter, d)), rand_weight(fmt, (e, d, inter)))  # noqa: E731
