@@ -60,7 +60,7 @@ def _e2m1_bits(c):
     """float32 bits of the e2m1 code c (int32, 0..15). Magnitude codes 2..7 are 2^(e-1) (1 + m/2):
     exponent field e + 126 and mantissa bit m, i.e. (code + 252) << 22; code 1 is 0.5; code 0 is 0."""
     mag = c & 7
-    bits = tl.where(mag >= 2, (mag + 252) << 22, mag * 0x3F000000)
+    bits = tl.where(mag >= 2, (mag + 252) << 22, tl.where(mag == 1, 0x3F000000, 0))
     return bits | ((c & 8) << 28)
 
 
