@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from shuili.hal.types import Weight
+from shuili.platforms.nvidia import qgemm
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, interpreting
 from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
 
@@ -32,6 +33,9 @@ BI_MIN_KC = 256
 Q_MAX_M = 128
 Q_MIN_PROGRAMS = 264
 Q_MIN_KC = 256
+# quantized weights go to qgemm.py's decode-tuned kernels; False keeps this file's kernel for them
+# (benchmarks compare the two)
+USE_QGEMM = True
 
 
 @triton.jit
@@ -258,6 +262,8 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
         return y
     if w.format == "dense" and w.data.dtype != x.dtype:
         w = Weight.dense(w.data.to(x.dtype))
+    if USE_QGEMM and qgemm.supports(w):
+        return qgemm.linear(x2, w, bias.contiguous() if bias is not None else None, y, batch_invariant)
     return _launch(x2, w, bias.contiguous() if bias is not None else None, y, None, batch_invariant,
                    False)
 
@@ -304,6 +310,9 @@ def _grouped(x, w: Weight, group_sizes, tiles, batch_invariant, out_dtype=None, 
     wdt = torch.bfloat16 if hilo else x.dtype
     if w.format == "dense" and w.data.dtype != wdt:
         w = Weight("dense", w.data.to(wdt), None, w.shape)
+    if USE_QGEMM and qgemm.supports(w):
+        bm = qgemm.group_bm(m, w.shape[0], batch_invariant)
+        return qgemm.grouped(x.contiguous(), w, group_tiles(group_sizes, m, bm), y, batch_invariant, hilo, bm)
     if tiles is None:
         tiles = group_tiles(group_sizes, m, _grouped_tile(m, w.shape[0], batch_invariant)[0])
     return _launch(x.contiguous(), w, None, y, tiles, batch_invariant, True, hilo)
@@ -314,6 +323,9 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     """The contract keeps g, u, the SwiGLU product and each expert's output in float32: GEMM1
     accumulates bf16 x against bf16-exact weights into float32, GEMM2 feeds the float32 product
     through the hi/lo split. Rounding any of them to bf16 put bf16 mxfp4 cases outside tolerance."""
+    if USE_QGEMM and qgemm.supports(w13) and qgemm.supports(w2):
+        return qgemm.moe_experts(x, topk_ids, topk_weights, w13, w2, swiglu_limit, batch_invariant,
+                                 group_tiles)
     t, k = topk_ids.shape
     e = w13.shape[0]
     flat = topk_ids.reshape(-1).to(torch.int64)

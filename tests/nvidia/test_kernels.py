@@ -111,6 +111,7 @@ def test_linear_batch_invariant_split_k(device, fmt, dtype, monkeypatch):
     # small thresholds so K=320 is cut at these small shapes, into chunks of 3 and 2 BK steps: a
     # chunk of one BK step would add the same f32 partials in the same order as no split at all,
     # so a single row that skipped the split would go unnoticed wherever dot and add do not fuse
+    monkeypatch.setattr(gemm, "USE_QGEMM", False)  # this file's kernel; test_qgemm.py covers qgemm's split
     monkeypatch.setattr(gemm, "BI_MIN_KC", 128)
     monkeypatch.setattr(gemm, "BI_MIN_PROGRAMS", 64)
     assert gemm.bi_split(40, 320) == (2, 192) and gemm.bi_split(64 * 64, 320) == (1, 320)
@@ -127,7 +128,11 @@ def test_linear_batch_invariant_split_k(device, fmt, dtype, monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
 @pytest.mark.parametrize("bi", [False, True])
-def test_grouped_and_moe(device, fmt, bi):
+@pytest.mark.parametrize("use_qgemm", [True, False])
+def test_grouped_and_moe(device, fmt, bi, use_qgemm, monkeypatch):
+    if fmt == "dense" and not use_qgemm:
+        pytest.skip("dense weights never reach qgemm")
+    monkeypatch.setattr(gemm, "USE_QGEMM", use_qgemm)
     sizes = torch.tensor([3, 0, 17, 1, 9])
     w = weight(fmt, (5, 64, 96), seed=10)
     x = rnd(int(sizes.sum()), 96, seed=11)
@@ -177,6 +182,7 @@ def test_moe_bf16_keeps_float32_intermediates(fmt, bi):
 
 @pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
 def test_grouped_batch_invariant_split_k(device, fmt, monkeypatch):
+    monkeypatch.setattr(gemm, "USE_QGEMM", False)
     monkeypatch.setattr(gemm, "BI_MIN_KC", 64)
     monkeypatch.setattr(gemm, "BI_MIN_PROGRAMS", 64)
     assert gemm.bi_split(64, 256, 5) == (4, 64)
@@ -483,6 +489,7 @@ def test_sample_wide_vocab_chunks(device):
 def test_quantized_decode_split_k(device, fmt, monkeypatch):
     """Default mode cuts K for quantized weights at decode sizes (fill_split); the split result
     stays within tolerance of the reference, plain and grouped, and is the same run to run."""
+    monkeypatch.setattr(gemm, "USE_QGEMM", False)
     monkeypatch.setattr(gemm, "Q_MIN_KC", 64)
     monkeypatch.setattr(gemm, "Q_MIN_PROGRAMS", 16)
     assert gemm.fill_split(2, 320, 64) == (5, 64) and gemm.fill_split(16, 320, 64) == (1, 320)

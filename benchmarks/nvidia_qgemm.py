@@ -1,0 +1,238 @@
+"""Quantized GEMMs at decode sizes against the weight-read roofline, on one GPU.
+
+Per shape (mid-v4's linears and experts, M = 1..256 rows): the decode-tuned kernel of
+platforms/nvidia/qgemm.py ("new"), the older kernel of gemm.py ("old", gemm.USE_QGEMM = False) and
+bf16 cuBLAS on the same logical weight ("bf16"). Times are medians of CUDA-graph replays (no
+Python launch cost, as inside the engine's decode graph), rotating over enough weight copies that
+the weights do not sit in the 50 MB L2. Floor = bytes read once (weight data + scales of the
+weights used, activations) + bytes written, over the measured copy rate; "%4.8" is the same bytes
+over the 4.8 TB/s datasheet rate. Each shape is checked against a float32 torch oracle first.
+
+    python benchmarks/nvidia_qgemm.py [--json out.json] [--sweep] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+import triton.testing as tt
+
+from shuili.hal.types import Weight
+from shuili.platforms.nvidia import gemm, qgemm
+
+DEV = "cuda"
+BF = torch.bfloat16
+L2_BYTES = 120 << 20  # rotate over at least this many weight bytes
+# mid-v4 decode linears (N, K): wq_a, wq_b, wkv, wo_b, shared w1/w3, shared w2, indexer wq_b; 4096^2
+LINEARS = [(512, 2048), (8192, 512), (2048, 2048), (768, 2048), (2048, 768), (4096, 512), (4096, 4096)]
+MOE = (32, 6, 2048, 768)  # mid-v4 routed experts: E, top-k, D, I
+
+
+def bench(fn, ms=100):
+    return tt.do_bench(fn, warmup=25, rep=ms, return_mode="median") * 1e-3
+
+
+def graph_time(calls):
+    """Seconds per call of the list `calls`, replayed from one CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return bench(g.replay) / len(calls)
+
+
+def copy_rate():
+    a = torch.randn(1 << 30, device=DEV, dtype=BF)
+    b = torch.empty_like(a)
+    s = bench(lambda: b.copy_(a), ms=200)
+    del a, b
+    return 2 * (1 << 30) * 2 / s
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def rand_weight(fmt, shape):
+    *lead, n, k = shape
+    if fmt == "fp8_block128":
+        data = (torch.randn(*shape, device=DEV) * 2).clamp(-448, 448).to(torch.float8_e4m3fn)
+        s = torch.pow(2.0, torch.randint(-12, -6, (*lead, math.ceil(n / 128), math.ceil(k / 128)), device=DEV).float())
+        return Weight("fp8_block128", data, s, tuple(shape))
+    data = torch.randint(0, 256, (*lead, n, k // 2), device=DEV, dtype=torch.uint8)
+    scale = torch.randint(118, 124, (*lead, n, k // 32), device=DEV, dtype=torch.uint8)
+    return Weight("mxfp4", data, scale, tuple(shape))
+
+
+def wbytes(w: Weight):
+    return w.data.numel() * w.data.element_size() + (0 if w.scale is None else w.scale.numel() * w.scale.element_size())
+
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def dequant(w: Weight):
+    """float32 W on the GPU (oracle only)."""
+    *lead, n, k = w.shape
+    if w.format == "fp8_block128":
+        s = w.scale.repeat_interleave(128, -2)[..., :n, :].repeat_interleave(128, -1)[..., :k]
+        return w.data.float() * s
+    lut = torch.tensor(E2M1 + [-v for v in E2M1], device=DEV)
+    b = w.data.to(torch.int64)
+    v = torch.stack([lut[b & 15], lut[b >> 4]], -1).reshape(*lead, n, k)
+    return v * torch.pow(2.0, w.scale.float() - 127).repeat_interleave(32, -1)
+
+
+def moe_oracle(x, ids, wts, w13f, w2f, limit):
+    t, k = ids.shape
+    inter = w13f.shape[1] // 2
+    ys = torch.zeros(t, k, w2f.shape[1], device=DEV)
+    for e in range(w13f.shape[0]):
+        ti, ji = torch.nonzero(ids == e, as_tuple=True)
+        h = x.float()[ti] @ w13f[e].t()
+        a = torch.nn.functional.silu(h[:, :inter].clamp(max=limit)) * h[:, inter:].clamp(-limit, limit)
+        ys[ti, ji] = a @ w2f[e].t()
+    out = wts[:, 0, None] * ys[:, 0]
+    for j in range(1, k):
+        out = out + wts[:, j, None] * ys[:, j]
+    return out
+
+
+def copies(make, nbytes):
+    return [make() for _ in range(max(2, min(48, math.ceil(L2_BYTES / max(nbytes, 1)))))]
+
+
+def linear_rows(bw, ms_list, fmts, bi_list, quick):
+    rows = []
+    shapes = LINEARS[-2:] if quick else LINEARS
+    for n, k in shapes:
+        for fmt in fmts:
+            ws = copies(lambda: rand_weight(fmt, (n, k)), n * k)
+            wf = dequant(ws[0])
+            dense = [Weight.dense(torch.randn(n, k, device=DEV, dtype=BF)) for _ in range(max(2, len(ws) // 2))]
+            for m in ms_list:
+                x = torch.randn(m, k, device=DEV, dtype=BF)
+                ref = x.float() @ wf.t()
+                t_bf = graph_time([lambda w=w: torch.matmul(x, w.data.t()) for w in dense])
+                for bi in bi_list:
+                    res = {}
+                    for impl in ("new", "old"):
+                        gemm.USE_QGEMM = impl == "new"
+                        err = rel(gemm.linear(x, ws[0], batch_invariant=bi).float(), ref)
+                        t = graph_time([lambda w=w: gemm.linear(x, w, batch_invariant=bi) for w in ws])
+                        res[impl] = (t, err)
+                    gemm.USE_QGEMM = True
+                    nb = wbytes(ws[0]) + 2 * m * (n + k)
+                    rows.append(dict(op="linear", shape=f"M{m} N{n} K{k}", fmt=fmt, bi=bi, bytes=nb,
+                                     new_us=res["new"][0] * 1e6, old_us=res["old"][0] * 1e6, bf16_us=t_bf * 1e6,
+                                     floor_us=nb / bw * 1e6, err=res["new"][1], old_err=res["old"][1]))
+            del ws, dense
+            torch.cuda.empty_cache()
+    return rows
+
+
+def moe_rows(bw, t_list, fmts, bi_list):
+    rows = []
+    e, k, d, inter = MOE
+    for fmt in fmts:
+        per = 2 * inter * d + d * inter
+        mk = lambda: (rand_weight(fmt, (e, 2 * inter, d)), rand_weight(fmt, (e, d, inter)))  # noqa: E731
+        ws = copies(mk, per * e * (1 if fmt == "fp8_block128" else 0.5))
+        wd = [(Weight.dense(torch.randn(e, 2 * inter, d, device=DEV, dtype=BF) * d ** -0.5),
+               Weight.dense(torch.randn(e, d, inter, device=DEV, dtype=BF) * inter ** -0.5)) for _ in range(2)]
+        w13f, w2f = dequant(ws[0][0]), dequant(ws[0][1])
+        for t in t_list:
+            x = torch.randn(t, d, device=DEV, dtype=BF)
+            ids = torch.stack([torch.randperm(e, device=DEV)[:k] for _ in range(t)])
+            wts = torch.softmax(torch.randn(t, k, device=DEV), -1)
+            w13, w2 = ws[0]
+            ref = moe_oracle(x, ids, wts, w13f, w2f, 10.0)
+            used = int(torch.unique(ids).numel())
+            nb = (wbytes(w13) + wbytes(w2)) * used / e + t * d * 4
+            t_bf = graph_time([lambda p=p: gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0) for p in wd])
+            for bi in bi_list:
+                res = {}
+                for impl in ("new", "old"):
+                    gemm.USE_QGEMM = impl == "new"
+                    err = rel(gemm.moe_experts(x, ids, wts, w13, w2, 10.0, batch_invariant=bi).float(), ref)
+                    tm = graph_time([lambda p=p: gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0, batch_invariant=bi)
+                                     for p in ws])
+                    res[impl] = (tm, err)
+                gemm.USE_QGEMM = True
+                rows.append(dict(op="moe_experts", shape=f"T{t} E{e} k{k} D{d} I{inter}", fmt=fmt, bi=bi, bytes=nb,
+                                 new_us=res["new"][0] * 1e6, old_us=res["old"][0] * 1e6, bf16_us=t_bf * 1e6,
+                                 floor_us=nb / bw * 1e6, err=res["new"][1], old_err=res["old"][1]))
+        del ws, wd, w13f, w2f
+        torch.cuda.empty_cache()
+    return rows
+
+
+def sweep(bw):
+    """Default-mode tile knobs of qgemm at M=64 on the 4096^2 linear and the MoE, printed."""
+    out = []
+    base = (qgemm.BN_DEFAULT, dict(qgemm.BK_OF), qgemm.NUM_WARPS, qgemm.NUM_STAGES)
+    n = k = 4096
+    for fmt in ("fp8_block128", "mxfp4"):
+        ws = copies(lambda: rand_weight(fmt, (n, k)), n * k)
+        x = torch.randn(64, k, device=DEV, dtype=BF)
+        bks = (128,) if fmt == "fp8_block128" else (128, 256)
+        for bn in (32, 64, 128):
+            for bk in bks:
+                for nw in (None, 8):
+                    for st in (None, 4):
+                        qgemm.BN_DEFAULT, qgemm.NUM_WARPS, qgemm.NUM_STAGES = bn, nw, st
+                        qgemm.BK_OF[fmt] = bk
+                        try:
+                            t = graph_time([lambda w=w: gemm.linear(x, w) for w in ws])
+                        except Exception as exc:  # noqa: BLE001 (out of resources: record and go on)
+                            out.append(f"sweep {fmt} BN{bn} BK{bk} w{nw} s{st}: {type(exc).__name__}")
+                            continue
+                        out.append(f"sweep {fmt} M64 N{n} K{k} BN{bn} BK{bk} w{nw} s{st}: {t * 1e6:7.1f} us "
+                                   f"{wbytes(ws[0]) / t / 1e9:6.0f} GB/s")
+        qgemm.BN_DEFAULT, qgemm.BK_OF, qgemm.NUM_WARPS, qgemm.NUM_STAGES = base[0], dict(base[1]), base[2], base[3]
+        del ws
+    return out
+
+
+def table(res) -> str:
+    out = [f"copy rate {res['copy_GBps']:.0f} GB/s (read+write); graph-replay medians, us",
+           f"{'op':<12} {'shape':<26} {'fmt':<6} {'BI':<3} {'new':>7} {'old':>7} {'bf16':>7} {'floor':>6} "
+           f"{'%roof':>6} {'%4.8':>5} {'GB/s':>6} {'x old':>6} {'x bf16':>6} {'err':>8}"]
+    for r in res["rows"]:
+        out.append(f"{r['op']:<12} {r['shape']:<26} {r['fmt'][:5]:<6} {'y' if r['bi'] else 'n':<3} "
+                   f"{r['new_us']:7.1f} {r['old_us']:7.1f} {r['bf16_us']:7.1f} {r['floor_us']:6.1f} "
+                   f"{100 * r['floor_us'] / r['new_us']:6.1f} {100 * r['bytes'] / 4.8e12 / (r['new_us'] * 1e-6):5.1f} "
+                   f"{r['bytes'] / (r['new_us'] * 1e-6) / 1e9:6.0f} {r['old_us'] / r['new_us']:6.2f} "
+                   f"{r['bf16_us'] / r['new_us']:6.2f} {r['err']:8.1e}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true", help="also print a sweep of qgemm's default-mode tiles")
+    ap.add_argument("--quick", action="store_true", help="two linear shapes, M in 1, 64, 256")
+    ap.add_argument("--no-bi", action="store_true")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    bw = copy_rate()
+    extra = sweep(bw) if a.sweep else []
+    for line in extra:
+        print(line, flush=True)
+    ms = (1, 64, 256) if a.quick else (1, 16, 64, 256)
+    bis = (False,) if a.no_bi else (False, True)
+    rows = linear_rows(bw, ms, ("fp8_block128", "mxfp4"), bis, a.quick)
+    rows += moe_rows(bw, (1, 16, 64, 256) if not a.quick else (1, 64, 256), ("mxfp4",), bis)
+    res = {"copy_GBps": bw / 1e9, "rows": rows, "sweep": extra}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    print(table(res))

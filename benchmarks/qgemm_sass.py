@@ -1,0 +1,108 @@
+"""Compile the quantized GEMM kernels for sm_90 without a GPU and report what the compiler made of them.
+
+For each configuration: registers, stack (spill) bytes, dynamic shared memory, and counts of chosen
+SASS instructions per kernel: HGMMA (Hopper warpgroup MMA) / HMMA (mma.sync), LDGSTS (asynchronous
+global->shared copies, i.e. software-pipelined loads), LDG.E.U8 (single-byte global loads),
+LDL/STL (local-memory spill traffic), I2F, FMUL. "old" is gemm.py's _gemm_kernel at the tile it
+picks for that case, "new" is qgemm.py's _qgemm_kernel at its tile. Integer arguments are marked
+divisible by 16, as Triton's launcher specialises them at run time for these shapes.
+
+It needs Triton's bundled ptxas and cuobjdump (any host) and also compiles every constexpr
+combination the ops launch, so a GPU-only compile error shows here first:
+
+    TRITON_DEFAULT_FP_FUSION=1 python benchmarks/qgemm_sass.py [--all]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from shuili.platforms.nvidia import gemm, qgemm
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG.E.U8", "LDL", "STL", "I2F", "FMUL")
+
+
+def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xidx=False, yidx=False,
+                   f32=False, hilo=False, split=1, bias=False, limit=False):
+    fn = gemm._gemm_kernel if old else qgemm._qgemm_kernel
+    vals = dict(FMT=fmt, GROUPED=grouped, X_IDX=xidx, Y_IDX=yidx, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=limit,
+                F32=f32, HILO=hilo, NATIVE_FP8=True, SPLIT=split, BM=bm, BN=bn, BK=bk)
+    act = "*fp32" if (f32 or hilo) else "*bf16"
+    out = "*fp32" if (split > 1 or swiglu or yidx or hilo or f32) else "*bf16"
+    ptr = {"x_ptr": act, "y_ptr": out, "w_ptr": "*u8", "s_ptr": "*fp32" if fmt == 1 else "*u8", "b_ptr": act,
+           "yw_ptr": "*fp32", "limit": "fp32"}
+    sig, cst, attrs = {}, {}, {}
+    for i, p in enumerate(fn.arg_names):
+        if p in vals:
+            sig[p], cst[p] = "constexpr", vals[p]
+            continue
+        sig[p] = ptr.get(p, "*i64" if p.endswith("_ptr") else "i32")
+        if sig[p] != "fp32" and p not in ("M", "TOPK"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn, sig, cst, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=nw, num_stages=ns))
+
+
+def report(k) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+    try:
+        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", f.name],
+                             capture_output=True, text=True).stdout
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-sass", f.name],
+                              capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    m = re.search(r"REG:(\d+) STACK:(\d+)", res)
+    found = {op: len(re.findall(re.escape(op) + r"\b", sass)) for op in OPS}
+    counts = " ".join(f"{op}={n}" for op, n in found.items())
+    return f"regs {m.group(1):>3} stack {m.group(2):>4} smem {k.metadata.shared // 1024:>3} KB  {counts}"
+
+
+def new_opts(bm):
+    return (4, 4) if bm <= 16 else (8, 3)
+
+
+CASES = [  # (label, old kernel kwargs, new kernel kwargs)
+    ("mxfp4 linear M64", dict(fmt=2, bm=64, bn=64, bk=64, nw=4, ns=3), dict(fmt=2, bm=64, bn=64, bk=128)),
+    ("mxfp4 linear M16", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3), dict(fmt=2, bm=16, bn=64, bk=128)),
+    ("fp8 linear M64", dict(fmt=1, bm=64, bn=64, bk=64, nw=4, ns=3), dict(fmt=1, bm=64, bn=64, bk=128)),
+    ("fp8 linear M16", dict(fmt=1, bm=16, bn=64, bk=128, nw=4, ns=3), dict(fmt=1, bm=16, bn=64, bk=128)),
+    ("mxfp4 moe GEMM1 (12 rows/expert)", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True),
+     dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, swiglu=True, xidx=True, limit=True)),
+    ("mxfp4 moe GEMM2 (12 rows/expert)", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True, hilo=True),
+     dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, hilo=True, yidx=True)),
+]
+# every other constexpr combination the ops launch (compile check only)
+EXTRA = [dict(fmt=f, bm=bm, bn=64, bk=32 if kw.get("f32") else 128, **kw) for f in (1, 2) for bm in (16, 32, 64)
+         for kw in (dict(bias=True), dict(split=3, bias=True), dict(f32=True, split=2), dict(grouped=True, f32=True),
+                    dict(grouped=True, hilo=True), dict(grouped=True, split=2),
+                    dict(grouped=True, swiglu=True, xidx=True, limit=True),
+                    dict(grouped=True, swiglu=True, xidx=True, limit=True, f32=True),
+                    dict(grouped=True, hilo=True, yidx=True), dict(grouped=True, f32=True, yidx=True))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--all", action="store_true", help="also compile every launched constexpr combination")
+    a = ap.parse_args()
+    for label, old, new in CASES:
+        print(f"{label:<34} old: {report(compile_kernel(True, **old))}", flush=True)
+        nw, ns = new_opts(new["bm"])
+        print(f"{'':<34} new: {report(compile_kernel(False, nw=nw, ns=ns, **new))}", flush=True)
+    if a.all:
+        for kw in EXTRA:
+            nw, ns = new_opts(kw["bm"])
+            print(f"compiles {kw}: {report(compile_kernel(False, nw=nw, ns=ns, **kw))}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""Weight-only quantized GEMMs (fp8_block128, mxfp4) for the sizes decode runs at, and the MoE expert
+pipeline built on them.
+
+Decode reads each weight once per step and multiplies it by few rows, so these kernels are judged
+by weight bytes per second. What the older kernel in gemm.py did per element and this one does per
+tile:
+- mxfp4 bytes load as [BN, BK/32, 16]: the 32-element scale group is an axis, so one e8m0 byte per
+  group broadcasts in registers (the old kernel gathered a scale byte per element, one load
+  instruction each), and the low/high nibbles interleave back into K order in registers so the
+  activation tile loads contiguously (the old kernel read even and odd columns with stride 2);
+- e2m1 decodes with integer adds and shifts into float32 bits (exact, no float math);
+- fp8_block128 scales (one power of two per 128 x 128 block) multiply the [BM, BN] partial of each
+  K step, not the [BN, BK] weight tile: exact either way, since a power of two commutes with
+  rounding, and the weight tile goes straight from e4m3 to the dot's dtype.
+
+Determinism. Every output element is a fixed-order sum over K in BK steps; K is cut into SPLIT
+fixed chunks whose fp32 partials are added in chunk order by a second kernel. Default mode picks
+tiles and split from (M, weight shape): run to run deterministic. Batch-invariant mode fixes the
+tile (BI_TILE) and takes the split from the weight's shape alone, so a row's bits never depend on
+M or on its position. The dense format stays in gemm.py (cuBLAS, or its locked batch-invariant
+tile).
+
+MoE (moe_experts): one tile map serves both expert GEMMs; GEMM1 reads its rows through the sort
+order (no gathered copy of x) and applies the clamp and SwiGLU in its epilogue (it computes the
+gate and the up columns of a tile together), GEMM2 multiplies each row by its routing weight and
+stores it at its (token, slot) place, and one kernel adds the k slots in slot order. float32 stays
+float32 throughout, as the contract asks.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shuili.hal.types import Weight
+from shuili.platforms.nvidia.common import as_u8, cdiv, check, interpreting, pow2
+from shuili.platforms.nvidia.quant import e4m3_to_f32, e8m0_to_f32
+
+FMT_ID = {"fp8_block128": 1, "mxfp4": 2}
+BI_TILE = (64, 64, 128)  # BM, BN, BK in batch-invariant mode, for every M
+BK_OF = {"fp8_block128": 128, "mxfp4": 128}  # default mode; fp8 needs BK | 128 (one scale per step)
+BN_DEFAULT = 64
+# split K until about MIN_PROGRAMS programs stream the weight, chunks of at least MIN_KC
+MIN_PROGRAMS = 264
+MIN_KC = 512
+BI_MIN_PROGRAMS = 132
+# row tiles of 64 (one Hopper warpgroup MMA) at most: a 128-row tile needs 120 KB of shared memory
+# for 3 stages (one program per SM), where 64 rows leave room for three
+MAX_BM = 64
+NUM_WARPS = None  # None: 4 warps for 16-row tiles, 8 above (no spills: benchmarks/qgemm_sass.py)
+NUM_STAGES = None  # None: 4 for 16-row tiles, 3 above (shared memory)
+# float32 activations (IEEE dots, FMA on CUDA cores) take K in steps of 32: at 128 the operand
+# tiles spill by kilobytes per thread
+F32_BK = 32
+
+
+# ------------------------------------------------------------------------------------ weight tiles
+@triton.jit
+def _e2m1_bits(c):
+    """float32 bits of the e2m1 code c (int32, 0..15). Magnitude codes 2..7 are 2^(e-1) (1 + m/2):
+    exponent field e + 126 and mantissa bit m, i.e. (code + 252) << 22; code 1 is 0.5; code 0 is 0."""
+    mag = c & 7
+    bits = tl.where(mag >= 2, (mag + 252) << 22, tl.where(mag == 1, 0x3F000000, 0))
+    return bits | ((c & 8) << 28)
+
+
+@triton.jit
+def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN: tl.constexpr,
+                BK: tl.constexpr):
+    """Weight tile [BN, BK] of an mxfp4 weight (float32, exact), elements in K order."""
+    G: tl.constexpr = BK // 32
+    gi = tl.arange(0, G)
+    jj = tl.arange(0, 16)
+    gk = k0 + gi * 32  # first K of each scale group; K and every chunk bound are multiples of 32
+    gok = cok[:, None] & (gk < k_hi)[None, :]  # [BN, G]
+    off = e * s_we + cols[:, None, None] * s_wn + (gk // 2)[None, :, None] + jj[None, None, :]
+    byte = tl.load(w_ptr + off, mask=gok[:, :, None], other=0).to(tl.int32)  # [BN, G, 16]
+    sc = e8m0_to_f32(tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :], mask=gok,
+                             other=127))[:, :, None]
+    lo = _e2m1_bits(byte & 15).to(tl.float32, bitcast=True) * sc
+    hi = _e2m1_bits(byte >> 4).to(tl.float32, bitcast=True) * sc
+    return tl.reshape(tl.join(lo, hi), (BN, BK))  # low nibble = even K
+
+
+@triton.jit
+def _fp8_tile(w_ptr, e, cols, cok, kk, kok, s_we, s_wn, NATIVE_FP8: tl.constexpr):
+    """Weight tile [BN, BK] of e4m3 codes as float32 (exact), unscaled."""
+    c = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=cok[:, None] & kok[None, :], other=0)
+    if NATIVE_FP8:
+        v = c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        v = e4m3_to_f32(c)
+    return v
+
+
+@triton.jit
+def _dot(acc, a, w, F32: tl.constexpr, HILO: tl.constexpr):
+    """acc + a @ w^T. F32: float32 operands, IEEE dot. HILO: float32 a against a bf16 weight as two
+    bf16 dots (hi + lo parts of a: about 16 of its 24 bits)."""
+    wt = tl.trans(w)
+    if F32:
+        out = tl.dot(a, wt, acc, input_precision="ieee")
+    elif HILO:
+        hi = a.to(tl.bfloat16)
+        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+        out = tl.dot(lo, wt, tl.dot(hi, wt, acc))
+    else:
+        out = tl.dot(a, wt, acc)
+    return out
+
+
+@triton.jit
+def _k_step(acc, a, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
+            FMT: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, NATIVE_FP8: tl.constexpr,
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    if FMT == 1:
+        kk = k0 + tl.arange(0, BK)
+        w = _fp8_tile(w_ptr, e, cols, cok, kk, kk < k_hi, s_we, s_wn, NATIVE_FP8)
+    else:
+        w = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK)
+    if HILO:
+        w = w.to(tl.bfloat16)
+    else:
+        w = w.to(a.dtype)
+    if FMT == 1:
+        sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + k0 // 128, mask=cok, other=0.0)
+        part = _dot(tl.zeros([BM, BN], tl.float32), a, w, F32, HILO)
+        out = acc + part * sc[None, :]
+    else:
+        out = _dot(acc, a, w, F32, HILO)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ kernel
+@triton.jit
+def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_ptr, t0_ptr, t1_ptr,
+                  M, N, K, KC, UP, TOPK, s_xm, s_ym, s_we, s_wn, s_se, s_sn, limit,
+                  FMT: tl.constexpr, GROUPED: tl.constexpr, X_IDX: tl.constexpr, Y_IDX: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr,
+                  F32: tl.constexpr, HILO: tl.constexpr, NATIVE_FP8: tl.constexpr, SPLIT: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """y[rows, cols] = x[rows] @ W[e, cols]^T over K chunk program_id(2).
+    GROUPED: program_id(0) indexes the tile map (group, first row, end row; group -1 = unused).
+    X_IDX: row r reads x[xi[r] // TOPK]. SWIGLU: N is I; also computes columns cols + UP and stores
+    silu(min(g, limit)) * clamp(u, -limit, limit). Y_IDX: row r is stored, times yw[yi[r]], at row
+    yi[r] of y. SPLIT > 1: float32 partials [SPLIT, M, N] into y."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if GROUPED:
+        e = tl.load(te_ptr + pid_m)
+        if e < 0:
+            return
+        r0 = tl.load(t0_ptr + pid_m)
+        r1 = tl.load(t1_ptr + pid_m)
+    else:
+        e = pid_m * 0
+        r0 = pid_m * BM
+        r1 = M
+    e = e.to(tl.int64)
+    rows = r0 + tl.arange(0, BM)
+    rok = rows < r1
+    if X_IDX:
+        src = tl.load(xi_ptr + rows, mask=rok, other=0).to(tl.int64) // TOPK
+    else:
+        src = rows.to(tl.int64)
+    cols = pid_n * BN + tl.arange(0, BN)
+    cok = cols < N
+    acc = tl.zeros([BM, BN], tl.float32)
+    acc_u = tl.zeros([BM, BN], tl.float32)
+    k_lo = tl.program_id(2) * KC
+    k_hi = tl.minimum(k_lo + KC, K)
+    for k0 in range(k_lo, k_hi, BK):
+        kk = k0 + tl.arange(0, BK)
+        a = tl.load(x_ptr + src[:, None] * s_xm + kk[None, :], mask=rok[:, None] & (kk < k_hi)[None, :],
+                    other=0.0)
+        acc = _k_step(acc, a, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
+                      FMT, F32, HILO, NATIVE_FP8, BM, BN, BK)
+        if SWIGLU:
+            acc_u = _k_step(acc_u, a, w_ptr, s_ptr, e, cols + UP, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
+                            FMT, F32, HILO, NATIVE_FP8, BM, BN, BK)
+    ok = rok[:, None] & cok[None, :]
+    if SPLIT > 1:
+        part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
+        tl.store(part + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=ok)
+    else:
+        if SWIGLU:
+            g = acc
+            u = acc_u
+            if HAS_LIMIT:
+                g = tl.minimum(g, limit)
+                u = tl.minimum(tl.maximum(u, -limit), limit)
+            acc = g / (1.0 + tl.exp(-g)) * u
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=cok, other=0.0).to(tl.float32)[None, :]
+        if Y_IDX:
+            dst = tl.load(yi_ptr + rows, mask=rok, other=0).to(tl.int64)
+            acc = acc * tl.load(yw_ptr + dst, mask=rok, other=0.0)[:, None]
+        else:
+            dst = rows.to(tl.int64)
+        tl.store(y_ptr + dst[:, None] * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _split_sum_kernel(p_ptr, b_ptr, y_ptr, M, N, s_ym, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < M * N
+    acc = tl.load(p_ptr + i, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(p_ptr + s * M * N + i, mask=ok, other=0.0)
+    col = i % N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + (i // N).to(tl.int64) * s_ym + col, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _combine_kernel(p_ptr, y_ptr, D, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+    """y[t] = sum_j p[t * TOPK + j] in increasing j (p already holds weight x expert output)."""
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < D
+    acc = tl.load(p_ptr + t * TOPK * D + c, mask=ok, other=0.0)
+    for j in tl.static_range(1, TOPK):
+        acc += tl.load(p_ptr + (t * TOPK + j) * D + c, mask=ok, other=0.0)
+    tl.store(y_ptr + t * D + c, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+# ------------------------------------------------------------------------------------- host side
+def supports(w: Weight) -> bool:
+    return w.format in FMT_ID
+
+
+def _weight_args(w: Weight, grouped: bool):
+    """(data, scale, expert stride, row stride, scale expert stride, scale row stride)."""
+    data = as_u8(w.data).contiguous()
+    if grouped and data.dim() != 3:
+        raise ValueError(f"grouped weights are [E, N, ...]; got data {tuple(data.shape)}")
+    scale = w.scale.contiguous()
+    if w.format == "fp8_block128" and scale.dtype != torch.float32:
+        scale = scale.float()
+    return (data, scale, data.stride(0) if grouped else 0, data.stride(-2),
+            scale.stride(0) if grouped else 0, scale.stride(-2))
+
+
+def tiles_for(m: int, fmt: str, batch_invariant: bool) -> tuple[int, int, int]:
+    """(BM, BN, BK). Default mode: the row tile covers M (up to MAX_BM), so the weight is read and
+    dequantized once per M tile; batch-invariant mode: one tile for every M."""
+    if batch_invariant:
+        return BI_TILE
+    return min(MAX_BM, pow2(m, 16)), BN_DEFAULT, BK_OF[fmt]
+
+
+def split_for(programs: int, k: int, bk: int, want_programs: int) -> tuple[int, int]:
+    """(splits, K per split): cut K into chunks (multiples of bk, at least MIN_KC) until about
+    want_programs programs stream the weight."""
+    if programs >= want_programs or k < 2 * MIN_KC:
+        return 1, k
+    want = min(cdiv(want_programs, programs), k // MIN_KC)
+    kc = cdiv(cdiv(k, want), bk) * bk
+    return cdiv(k, kc), kc
+
+
+def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
+    """Batch-invariant split: from the weight's shape alone, never from M."""
+    return split_for(cdiv(n, BI_TILE[1]) * groups, k, BI_TILE[2], BI_MIN_PROGRAMS)
+
+
+def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None, yw=None, swiglu=False,
+            limit=None, hilo=False, batch_invariant=False, bm=None):
+    """One qgemm launch (plus the ordered split-K sum where K is split). Returns y."""
+    m, k = x.shape[0], w.shape[-1]
+    grouped = tiles is not None
+    n = w.shape[-2] // 2 if swiglu else w.shape[-2]
+    data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
+    bm0, bn, bk = tiles_for(m, w.format, batch_invariant)
+    bm = bm or bm0
+    if x.dtype == torch.float32 and not hilo:
+        bk = F32_BK
+    if grouped:
+        te, t0, t1, nt = tiles
+        groups = w.shape[0]
+    else:
+        te = t0 = t1 = x
+        nt = cdiv(m, bm)
+        groups = 1
+    if swiglu or yi is not None:
+        split, kc = 1, k  # their epilogues need the whole sum
+    elif batch_invariant:
+        split, kc = bi_split(n, k, groups)
+    else:
+        split, kc = split_for(cdiv(n, bn) * (min(groups, m) if grouped else nt), k, bk, MIN_PROGRAMS)
+    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    f32 = x.dtype == torch.float32 and not hilo
+    _qgemm_kernel[(nt, cdiv(n, bn), split)](
+        x, xi if xi is not None else x, data, scale, bias if bias is not None else x, out,
+        yi if yi is not None else x, yw if yw is not None else x, te, t0, t1,
+        m, n, k, kc, n, topk, x.stride(0), y.stride(0), s_we, s_wn, s_se, s_sn,
+        float(limit) if limit is not None else 0.0,
+        FMT=FMT_ID[w.format], GROUPED=grouped, X_IDX=xi is not None, Y_IDX=yi is not None,
+        HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
+        NATIVE_FP8=not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
+        num_warps=NUM_WARPS or (4 if bm <= 16 else 8), num_stages=NUM_STAGES or (4 if bm <= 16 else 3))
+    if split > 1:
+        block = 1024
+        _split_sum_kernel[(cdiv(m * n, block),)](out, bias if bias is not None else out, y, m, n, y.stride(0),
+                                                 SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block)
+    return y
+
+
+def linear(x2: torch.Tensor, w: Weight, bias, y: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
+    """x2 [M, K] contiguous, y [M, N] preallocated (M, N > 0)."""
+    return _launch(x2, w, y, bias=bias, batch_invariant=batch_invariant)
+
+
+def grouped(x, w: Weight, tiles, y, batch_invariant: bool, hilo: bool, bm: int) -> torch.Tensor:
+    return _launch(x, w, y, tiles=tiles, hilo=hilo, batch_invariant=batch_invariant, bm=bm)
+
+
+def group_bm(m: int, e: int, batch_invariant: bool) -> int:
+    """Row tile of a grouped GEMM: by rows per group (decode: a few rows per expert)."""
+    return BI_TILE[0] if batch_invariant else min(64, pow2(cdiv(m, max(e, 1)), 16))
+
+
+def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit, batch_invariant, group_tiles):
+    """Routed experts, both weights quantized (see the module docstring); group_tiles builds the
+    device-side tile map (gemm.group_tiles)."""
+    t, k = topk_ids.shape
+    e, d = w13.shape[0], x.shape[1]
+    out = torch.empty(t, d, dtype=x.dtype, device=x.device)
+    if t == 0 or d == 0:
+        return out.zero_()
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    check((flat >= 0) & (flat < e), f"moe_experts: topk_ids must lie in [0, {e})")
+    order = torch.argsort(flat, stable=True)
+    sizes = torch.zeros(e, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
+    bm = group_bm(t * k, e, batch_invariant)
+    tiles = group_tiles(sizes, t * k, bm)
+    inter = w13.shape[1] // 2
+    a = torch.empty(t * k, inter, dtype=torch.float32, device=x.device)
+    _launch(x.contiguous(), w13, a, tiles=tiles, xi=order, topk=k, swiglu=True, limit=swiglu_limit,
+            batch_invariant=batch_invariant, bm=bm)
+    parts = torch.empty(t * k, d, dtype=torch.float32, device=x.device)
+    _launch(a, w2, parts, tiles=tiles, yi=order, yw=topk_weights.float().reshape(-1).contiguous(),
+            hilo=x.dtype != torch.float32, batch_invariant=batch_invariant, bm=bm)
+    block = min(1024, pow2(d))
+    _combine_kernel[(t, cdiv(d, block))](parts, out, d, TOPK=k, BLOCK=block)
+    return out
