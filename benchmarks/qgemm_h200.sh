@@ -5,7 +5,7 @@
 set -u
 OUT=${OUT:-$PWD/h200_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export SHUILI_NVIDIA_QGEMM=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 WHL=${WHL:-.whl}
 if [ -d "$WHL" ]; then  # packages the device image lacks (pydantic), carried as wheels
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHL"/*.whl \
