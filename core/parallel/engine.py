@@ -43,6 +43,8 @@ def check_fits(config: EngineConfig, cfg, device_count: int | None) -> None:
               ("vocab_size", cfg.vocab_size)]
     if not config.enable_expert_parallel:
         checks.append(("moe_intermediate_size", cfg.moe_intermediate_size))
+    if getattr(cfg, "engram_layer_ids", ()):  # V4.1: Engram's wkv outputs are split by TP
+        checks.append(("Engram wkv width (hc_mult + 1) * hidden_size", (cfg.hc_mult + 1) * cfg.hidden_size))
     for name, n in checks:
         if n % tp:
             ok = [d for d in fits(cfg.o_groups) if cfg.num_attention_heads % d == 0 and cfg.vocab_size % d == 0]
@@ -67,8 +69,12 @@ class ParallelEngine(Engine):
                              "checkpoint directory, not a model object")
         from shuili.core.models import V4_NAMES
 
+        from shuili.core.parallel.model_v41 import is_v41, v41_config
+
         platform = resolve_platform(config.platform)
-        if config.model in V4_NAMES:
+        if is_v41(config.model):
+            check_fits(config, v41_config(config.model), device_count(platform.device))
+        elif config.model in V4_NAMES:
             from shuili.core.models.deepseek_v4_config import named
 
             check_fits(config, named(config.model), device_count(platform.device))
