@@ -92,6 +92,9 @@ class ParallelEngine(Engine):
                       self.eos, self.tokenizer.decode) for k in kv]
         self._control(("init", (self.pool_blocks, self.P)))
         self._collect("ready")
+        from shuili.core.parallel.kv_tiers_dp import attach_dp_tiers
+
+        self.dp_tiers = attach_dp_tiers(self)  # every DP group: its host pool, the shared store
         atexit.register(self.close)
 
     # ------------------------------------------------------------------------ start-up
@@ -144,8 +147,13 @@ class ParallelEngine(Engine):
         from shuili.core.parallel.model import load_rank_model
 
         c = self.config
-        return load_rank_model(c.model, ops, self.world.groups, c.enable_expert_parallel, c.num_redundant_experts,
-                               device, dtype, seed)
+        model = load_rank_model(c.model, ops, self.world.groups, c.enable_expert_parallel, c.num_redundant_experts,
+                                device, dtype, seed)
+        if c.kv_store:  # the engine builds it from a name, so the KV store may identify its weights
+            from shuili.core.kv_tiers.fingerprint import weights_id
+
+            model.kv_fingerprint = weights_id(c.model, c.seed)
+        return model
 
     # ------------------------------------------------------------------------ control plane
     def _guard(self, fn, *args):
@@ -225,6 +233,8 @@ class ParallelEngine(Engine):
         payload = [(arrays, flags, len(o.chunks), max((r.req.params.top_logprobs for r in h.sample_rows), default=0))
                    for o, (h, arrays, flags) in zip(outs, hosts)]
         try:
+            for m in self.remote_movers:  # hits copied into other DP groups' caches, before the step
+                m.flush()
             self._control(("step", payload))
             mine = self._guard(run_step, self.runner, True, payload[0])
             results = self._collect(mine)
