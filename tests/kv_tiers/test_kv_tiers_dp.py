@@ -93,3 +93,24 @@ def test_disk_hit_in_dp_group_1_from_a_prefix_written_by_group_0(tmp_path):
         t1.check()
     finally:
         eng.close()
+
+
+def test_store_fingerprint_names_what_changes_bits_under_parallelism():
+    """TP size and EP on/off change bits (docs/parallel.md), so they change the store address;
+    the DP size does not, and a one-rank engine's fingerprint has no parallel field at all."""
+    from shuili.core.kv_tiers.fingerprint import kv_fingerprint
+    from shuili.core.models import load_model
+    from shuili.hal import resolve_platform
+
+    platform = resolve_platform(EngineConfig(model="tiny-v4").platform)
+    model = load_model("tiny-v4", platform.ops, platform.device, "float32", 0)
+    model.kv_fingerprint = "synthetic:tiny-v4:seed=0"
+    groups = model.cache_groups()
+
+    def fp(**kw):
+        return kv_fingerprint(EngineConfig(model="tiny-v4", **kw), model, groups, 16, platform, True)
+
+    one, dp2, dp4 = fp(), fp(data_parallel_size=2), fp(data_parallel_size=4)
+    tp2, tp2ep = fp(tensor_parallel_size=2), fp(tensor_parallel_size=2, enable_expert_parallel=True)
+    assert "parallel" not in one and dp2["sha256"] == dp4["sha256"]
+    assert len({one["sha256"], dp2["sha256"], tp2["sha256"], tp2ep["sha256"]}) == 4
