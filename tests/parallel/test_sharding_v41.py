@@ -78,3 +78,51 @@ def test_v41_sizes_that_do_not_fit_are_named():
     with pytest.raises(ValueError, match="Engram wkv width"):
         check_fits(EngineConfig(model="tiny-v41", tensor_parallel_size=2, enable_expert_parallel=True), odd, None)
     check_fits(EngineConfig(model="tiny-v41", tensor_parallel_size=2, enable_expert_parallel=True), cfg, None)
+
+
+def _fp8_32(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float weight as the V4.1 release stores it: e4m3 values, one e8m0 scale per 32x32 block."""
+    from shuili.platforms.reference import quant
+
+    N, K = w.shape
+    blocks = w.float().reshape(N // 32, 32, K // 32, 32).abs().amax(dim=(1, 3))
+    s8 = quant.float_to_e8m0_ceil(blocks.clamp(min=1e-30) / 448.0)
+    s = quant.e8m0_to_float(s8)
+    full = s.repeat_interleave(32, 0).repeat_interleave(32, 1)
+    return (w.float() / full).to(torch.float8_e4m3fn), s8.view(torch.float8_e8m0fnu)
+
+
+def test_quantized_released_checkpoint_shards(tmp_path):
+    """FP8 (32x32 blocks) head-split linears and MXFP4 experts: a TP2+EP rank's shards equal the
+    slices of the whole loaded model; a split through a scale block is refused, naming the fix."""
+    from shuili.platforms.reference import quant
+
+    src = os.path.join(FIX, "released")
+    cfg = L.read_config(src)
+    tensors = L.tensors_for(cfg, L.load_params(src, cfg, progress=False), "released")
+    out = {}
+    for name, t in tensors.items():
+        if ".experts." in name:
+            w = quant.quantize_weight_mxfp4(t)
+            out[name], out[name[: -len("weight")] + "scale"] = w.data.view(torch.int8), w.scale.view(torch.float8_e8m0fnu)
+        elif name.endswith(("attn.wq_b.weight", "attn.wo_a.weight", "attn.wo_b.weight", "attn.wq_a.weight")):
+            out[name], out[name[: -len("weight")] + "scale"] = _fp8_32(t)
+        else:
+            out[name] = t
+    L.save_checkpoint(str(tmp_path), cfg, out, shards=2, nested=True)
+    whole = L.load_params(str(tmp_path), cfg, progress=False)
+    slots = Placement.contiguous(cfg.num_hidden_layers, cfg.n_routed_experts, 2).local(1)
+    plan = ShardPlanV41(cfg, 2, 1, True, slots)
+    got = load_sharded_v41(str(tmp_path), plan)
+    for name, v in whole.items():
+        if name.endswith(("gate_up_proj", "down_proj")) and ".experts." in name:
+            ids = plan.expert_ids(int(name.split(".")[2]))
+            assert v.format == got[name].format == "mxfp4"
+            assert torch.equal(got[name].data, v.data[ids]) and torch.equal(got[name].scale, v.scale[ids]), name
+        else:
+            assert torch.equal(_data(got[name]), _data(plan.take(name, v))), name
+    a = "model.layers.3.self_attn."
+    assert got[a + "q_b_proj.weight"].data.shape[0] == cfg.num_attention_heads * cfg.head_dim // 2
+    assert not torch.equal(whole[a + "q_b_proj.weight"].data, tensors["layers.3.attn.wq_b.weight"])  # really fp8
+    with pytest.raises(ValueError, match="splits a 32-wide scale block"):  # EP off: w2's I/2 = 16 columns
+        load_sharded_v41(str(tmp_path), ShardPlanV41(cfg, 2, 1))
