@@ -89,7 +89,6 @@ def attach_dp_tiers(engine) -> list[KVTiers | None]:
 def merged_stats(tiers: list[KVTiers | None]) -> dict[str, int]:
     """Per-tier hit counters summed over the DP groups (the store's own counters once: it is shared)."""
     out: dict[str, int] = {}
-    store_keys = set()
     for i, t in enumerate(tiers):
         if t is None:
             continue
@@ -97,7 +96,6 @@ def merged_stats(tiers: list[KVTiers | None]) -> dict[str, int]:
             if k.startswith("kv_store_"):
                 if i == 0:
                     out[k] = v
-                    store_keys.add(k)
                 continue
             out[k] = out.get(k, 0) + v
     return out

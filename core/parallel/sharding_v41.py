@@ -175,16 +175,19 @@ def load_sharded_v41(path: str, plan: ShardPlanV41, device: str = "cpu", dtype: 
             if scale is None:
                 raise CheckpointError(f"tensor {src!r} is float8_e4m3fn but the checkpoint has no scale for it")
             if rule is None:
-                return L._dequant_fp8(ckpt.get(src), ckpt.get(scale), block)
+                t = L._dequant_fp8(ckpt.get(src), ckpt.get(scale), block)
+                L._check(src, t, shape, L._FLOATS)
+                return t
             dim, a, b = rule
             if a % block[dim]:
                 raise CheckpointError(f"{src}: shard start {a} splits a {block[dim]}-wide FP8 scale block; "
                                       f"choose a tensor_parallel_size whose shard widths are multiples of {block[dim]}")
             w = rd.rows(src, dim, a, b)
             s = rd.rows(scale, dim, a // block[dim], -(-b // block[dim]))
-            return L._dequant_fp8(w, s, block)
-        t = rd.rows(src, *rule) if rule is not None else ckpt.get(src)
-        L._check(src, t, shape, L._FLOATS)
+            t = L._dequant_fp8(w, s, block)
+        else:
+            t = rd.rows(src, *rule) if rule is not None else ckpt.get(src)
+        L._check(src, t, shape, L._FLOATS)  # the local shape: a wrong-sized tensor is named
         return t
 
     out: dict = {}
@@ -216,6 +219,9 @@ def _experts(name: str, plan: ShardPlanV41, rd: _Slices, ckpt, hf: bool, dt, dev
     ids = plan.expert_ids(layer)
     if hf:  # stacked float [E, 2I, D] / [E, D, I]: one slice per local expert
         sl = rd.slice(name)
+        want = (cfg.n_routed_experts, 2 * I, D) if up else (cfg.n_routed_experts, D, I)
+        if tuple(sl.get_shape()) != want:
+            raise CheckpointError(f"tensor {name!r} has shape {list(sl.get_shape())}, expected {list(want)}")
         rows = []
         for e in ids:
             if up:

@@ -126,3 +126,22 @@ def test_quantized_released_checkpoint_shards(tmp_path):
     assert not torch.equal(whole[a + "q_b_proj.weight"].data, tensors["layers.3.attn.wq_b.weight"])  # really fp8
     with pytest.raises(ValueError, match="splits a 32-wide scale block"):  # EP off: w2's I/2 = 16 columns
         load_sharded_v41(str(tmp_path), ShardPlanV41(cfg, 2, 1))
+
+
+@pytest.mark.parametrize("name, cut, words", [
+    ("model.layers.3.self_attn.q_b_proj.weight", lambda t: t[:, :16],
+     r"q_b_proj.weight' has shape \[64, 16\], expected \[64, 32\]"),
+    ("model.layers.2.mlp.experts.down_proj", lambda t: t[:3],
+     r"experts.down_proj' has shape \[3, 32, 32\], expected \[4, 32, 32\]"),
+])
+def test_a_wrong_sized_tensor_is_named(tmp_path, name, cut, words):
+    from safetensors.torch import load_file, save_file
+
+    src = os.path.join(FIX, "hf")
+    cfg = L.read_config(src)
+    t = load_file(os.path.join(src, "model.safetensors"))
+    t[name] = cut(t[name]).contiguous()
+    save_file(t, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(open(os.path.join(src, "config.json")).read())
+    with pytest.raises(L.CheckpointError, match=words):
+        load_sharded_v41(str(tmp_path), ShardPlanV41(cfg, 2, 0))
