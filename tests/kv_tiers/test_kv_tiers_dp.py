@@ -114,3 +114,32 @@ def test_store_fingerprint_names_what_changes_bits_under_parallelism():
     tp2, tp2ep = fp(tensor_parallel_size=2), fp(tensor_parallel_size=2, enable_expert_parallel=True)
     assert "parallel" not in one and dp2["sha256"] == dp4["sha256"]
     assert len({one["sha256"], dp2["sha256"], tp2["sha256"], tp2ep["sha256"]}) == 4
+
+
+def test_disk_hit_across_dp_groups_of_tp2(tmp_path):
+    """TP2 x DP2 (4 processes): group 1's blocks live on ranks 2 and 3, written on both (the TP
+    ranks of a group hold the same KV); the answer equals TP2's own recompute (TP changes bits,
+    so the reference is a TP2 engine without a prefix cache)."""
+    a, b = prompts(VOCAB, 70, 2, seed=9)
+    pars = params(2)
+    ref = ParallelEngine(EngineConfig(model=MODEL, platform="reference", tensor_parallel_size=2, max_num_seqs=4,
+                                      enable_prefix_caching=False))
+    try:
+        want = [_serve(ref, [p], [q])[0] for p, q in zip((a, b), pars)]
+    finally:
+        ref.close()
+    eng = ParallelEngine(EngineConfig(model=MODEL, platform="reference", tensor_parallel_size=2, data_parallel_size=2,
+                                      max_num_seqs=4, kv_store=str(tmp_path / "store"), kv_host_bytes="64M"))
+    try:
+        t0, t1 = eng.dp_tiers
+        assert _serve(eng, [a], pars[:1]) == [want[0]]
+        t0.flush()
+        assert _serve(eng, [[7, 3, 1, 9, 4], b], [dict(max_tokens=2, temperature=0.0, ignore_eos=True)] + pars[1:])[1] \
+            == want[1]
+        assert t1.hit_tokens["disk"] >= 64
+        assert t1.evict_device_cache(eng.schedulers[1].kv, keep=True) > 0  # read back from rank 2
+        assert _serve(eng, [[7, 3, 1, 9, 4], b], [dict(max_tokens=2, temperature=0.0, ignore_eos=True)] + pars[1:])[1] \
+            == want[1]
+        assert t1.hit_tokens["host"] >= 64
+    finally:
+        eng.close()
