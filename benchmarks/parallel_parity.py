@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/parallel_parity.py                       # tiny-v4, every config
     PYTHONPATH=. python benchmarks/parallel_parity.py --configs tp2 tp2-dp2-ep4
+    PYTHONPATH=. python benchmarks/parallel_parity.py --model tiny-v41      # DeepSeek-V4.1
 Also times how long a SIGKILLed worker takes to fail the engine (--failfast): from the kill to
 WorkerDied, with the liveness check and with only the collective noticing.
 """
@@ -63,7 +64,9 @@ def main() -> None:
     base = dict(model=a.model, platform="reference", num_blocks=48, max_num_seqs=4, enable_prefix_caching=False)
     prompts = [list(range(5, 22)), [100, 200, 300], [42] * 9, [7, 700, 70, 7]]
     params = SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True)
-    one = _run(Engine(EngineConfig(**base)), prompts, params)
+    single = Engine(EngineConfig(**base))
+    prompts = [[t % single.model.vocab_size for t in p] for p in prompts]  # tiny-v41 has 256 ids
+    one = _run(single, prompts, params)
     for name in a.configs:
         eng = ParallelEngine(EngineConfig(**base, **CONFIGS[name]))
         got = _run(eng, prompts, params)

@@ -305,6 +305,10 @@ def tier_stats(eng) -> dict:
     if eng.kv_tiers is None:
         return {"kv_hit_tokens_device": eng.kv.num_hit_tokens}
     eng.kv_tiers.flush()
+    if len(getattr(eng, "dp_tiers", ())) > 1:  # a parallel engine: every DP group's tiers
+        from shuili.core.parallel.kv_tiers_dp import merged_stats
+
+        return merged_stats(eng.dp_tiers)
     return eng.kv_tiers.stats()
 
 

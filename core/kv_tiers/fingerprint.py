@@ -83,5 +83,7 @@ def kv_fingerprint(config, model, groups, tokens_per_block: int, platform, model
           "groups": hashlib.sha256(json.dumps([g.model_dump(mode="json") for g in groups],
                                               sort_keys=True).encode()).hexdigest()[:16],
           "stack": stack_fingerprint(platform)["sha256"], "root": ROOT_HASH.hex()}
+    if getattr(config, "world_size", 1) > 1:  # TP size and EP on/off change bits (docs/parallel.md); DP does not
+        fp["parallel"] = f"tp{config.tensor_parallel_size}-ep{int(bool(config.enable_expert_parallel))}"
     fp["sha256"] = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:32]
     return fp

@@ -216,7 +216,7 @@ class DeepseekV41Model:
             raise RuntimeError("bind_caches() must be called before forward()")
         ops, cfg = self.ops, self.cfg
         meta = StaticMeta(self, batch) if batch.static_decode else _Meta(self, batch)
-        h = ops.embedding(batch.input_ids, self.embed)
+        h = self._embed(batch.input_ids)
         m = cfg.hc_mult
         x = h[:, None, :].expand(-1, m, -1).contiguous()  # [T, m, D] residual streams
         pre = torch.zeros(x.shape[0], m, dtype=torch.float32, device=x.device)
@@ -225,12 +225,22 @@ class DeepseekV41Model:
         shared = _Shared()
         for i, blk in enumerate(self.blocks):
             if blk.engram is not None:  # before the layer's first mHC site
-                kv = ops.linear(rows.get(i), blk.engram.wkv)
+                kv = self._engram_kv(rows.get(i), blk.engram)
                 x = ops.engram_gate(x, kv, blk.engram.q_weight, blk.engram.k_weight, cfg.rms_norm_eps)
             x, pre = self._block(blk, i, x, pre, meta, shared)
         x = x[batch.logits_indices]
         u = numerics.tree_sum(pre[batch.logits_indices][..., None] * x.float(), dim=1).to(self.dtype)
-        return ops.linear(ops.rms_norm(u, self.norm, cfg.rms_norm_eps), self.head).float()
+        return self._logits(ops.rms_norm(u, self.norm, cfg.rms_norm_eps))
+
+    # the three places a tensor-parallel subclass (core/parallel/model_v41.py) gathers its shards
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.ops.embedding(ids, self.embed)
+
+    def _engram_kv(self, rows: torch.Tensor, e: EngramWeights) -> torch.Tensor:
+        return self.ops.linear(rows, e.wkv)  # [T, (m + 1) D]
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.ops.linear(h, self.head).float()
 
     def engram_prefetch(self, ids, history) -> None:
         """The runner's hint: a prefill's next chunk (all ids known) can be gathered now."""

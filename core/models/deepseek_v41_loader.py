@@ -148,10 +148,12 @@ def _released_table(cfg: V41Config) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------------- random weights
-def random_params(cfg: V41Config, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> dict:
+def random_params(cfg: V41Config, device: str = "cpu", dtype: str = "float32", seed: int = 0,
+                  transform=None) -> dict:
     """Seeded random weights in schema order (one CPU RNG stream through `numerics.normal`, so a seed
     is the same model on every device and host). What a default init leaves trivial is randomised
-    too: sinks, router bias, mHC bases."""
+    too: sinks, router bias, mHC bases. transform(name, value), when given, replaces each value as
+    soon as it is drawn (a parallel rank keeps its shard: core/parallel/sharding_v41.py)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     dt, std = getattr(torch, dtype), cfg.initializer_range
     out: dict = {}
@@ -169,6 +171,8 @@ def random_params(cfg: V41Config, device: str = "cpu", dtype: str = "float32", s
         else:
             t = numerics.normal(sp.shape, g, 0.0, std, device=dev)
         out[name] = _as_param(t, sp, cfg, dt).to(device)
+        if transform is not None:
+            out[name] = transform(name, out[name])
     return out
 
 

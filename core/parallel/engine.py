@@ -43,6 +43,8 @@ def check_fits(config: EngineConfig, cfg, device_count: int | None) -> None:
               ("vocab_size", cfg.vocab_size)]
     if not config.enable_expert_parallel:
         checks.append(("moe_intermediate_size", cfg.moe_intermediate_size))
+    if getattr(cfg, "engram_layer_ids", ()):  # V4.1: Engram's wkv outputs are split by TP
+        checks.append(("Engram wkv width (hc_mult + 1) * hidden_size", (cfg.hc_mult + 1) * cfg.hidden_size))
     for name, n in checks:
         if n % tp:
             ok = [d for d in fits(cfg.o_groups) if cfg.num_attention_heads % d == 0 and cfg.vocab_size % d == 0]
@@ -67,8 +69,12 @@ class ParallelEngine(Engine):
                              "checkpoint directory, not a model object")
         from shuili.core.models import V4_NAMES
 
+        from shuili.core.parallel.model_v41 import is_v41, v41_config
+
         platform = resolve_platform(config.platform)
-        if config.model in V4_NAMES:
+        if is_v41(config.model):
+            check_fits(config, v41_config(config.model), device_count(platform.device))
+        elif config.model in V4_NAMES:
             from shuili.core.models.deepseek_v4_config import named
 
             check_fits(config, named(config.model), device_count(platform.device))
@@ -86,6 +92,9 @@ class ParallelEngine(Engine):
                       self.eos, self.tokenizer.decode) for k in kv]
         self._control(("init", (self.pool_blocks, self.P)))
         self._collect("ready")
+        from shuili.core.parallel.kv_tiers_dp import attach_dp_tiers
+
+        self.dp_tiers = attach_dp_tiers(self)  # every DP group: its host pool, the shared store
         atexit.register(self.close)
 
     # ------------------------------------------------------------------------ start-up
@@ -138,8 +147,13 @@ class ParallelEngine(Engine):
         from shuili.core.parallel.model import load_rank_model
 
         c = self.config
-        return load_rank_model(c.model, ops, self.world.groups, c.enable_expert_parallel, c.num_redundant_experts,
-                               device, dtype, seed)
+        model = load_rank_model(c.model, ops, self.world.groups, c.enable_expert_parallel, c.num_redundant_experts,
+                                device, dtype, seed)
+        if c.kv_store:  # the engine builds it from a name, so the KV store may identify its weights
+            from shuili.core.kv_tiers.fingerprint import weights_id
+
+            model.kv_fingerprint = weights_id(c.model, c.seed)
+        return model
 
     # ------------------------------------------------------------------------ control plane
     def _guard(self, fn, *args):
@@ -219,6 +233,8 @@ class ParallelEngine(Engine):
         payload = [(arrays, flags, len(o.chunks), max((r.req.params.top_logprobs for r in h.sample_rows), default=0))
                    for o, (h, arrays, flags) in zip(outs, hosts)]
         try:
+            for m in self.remote_movers:  # hits copied into other DP groups' caches, before the step
+                m.flush()
             self._control(("step", payload))
             mine = self._guard(run_step, self.runner, True, payload[0])
             results = self._collect(mine)

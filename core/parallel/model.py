@@ -178,8 +178,11 @@ def load_rank_model(model: str, ops, groups: Groups, expert_parallel: bool, redu
 
     from shuili.core.models import V4_NAMES
     from shuili.core.models.deepseek_v4_config import named
+    from shuili.core.parallel.model_v41 import is_v41, load_rank_model_v41
     from shuili.core.parallel.sharding import load_sharded, random_sharded
 
+    if is_v41(model):
+        return load_rank_model_v41(model, ops, groups, expert_parallel, redundant, device, dtype, seed, placement)
     tokenizer = None
     if model in V4_NAMES:
         cfg = named(model)
@@ -190,8 +193,8 @@ def load_rank_model(model: str, ops, groups: Groups, expert_parallel: bool, redu
         cfg = read_config(model)
         tokenizer = load_tokenizer(model, cfg.vocab_size, cfg.eos_token_ids, cfg.bos_token_id)
     else:
-        raise ValueError(f"parallel serving runs DeepSeek-V4 models: a V4 name ({', '.join(V4_NAMES)}) or a "
-                         f"checkpoint directory, not {model!r}")
+        raise ValueError(f"parallel serving runs DeepSeek-V4 and V4.1 models: a name ({', '.join(V4_NAMES)}, "
+                         f"tiny-v41, mid-v41) or a checkpoint directory, not {model!r}")
     if expert_parallel and placement is None:
         placement = Placement.contiguous(cfg.num_hidden_layers, cfg.n_routed_experts, groups.ep, redundant)
     plan = ShardPlan(cfg, groups.tp, groups.tp_rank, expert_parallel,

@@ -5,7 +5,8 @@ Rank 0 (the engine) schedules every DP group, builds each group's step inputs as
 shard of the model (the collectives inside tie the ranks together); the first rank of each TP
 group samples (its logits are the gathered, whole-vocabulary ones) and its results are gathered
 back to rank 0, which hands them to that group's scheduler. Messages on the control group:
-("init", (pool blocks, tokens per block)), ("step", [payload per DP group]), ("experts", placement), ("stop",).
+("init", (pool blocks, tokens per block)), ("step", [payload per DP group]), ("experts", placement),
+("kv_read" / "kv_write", DP group, blocks) (core/parallel/kv_tiers_dp.py), ("stop",).
 """
 from __future__ import annotations
 
@@ -91,6 +92,10 @@ class RankRuntime:
                 from shuili.core.parallel.rebalance import apply_placement
 
                 apply_placement(self.model, msg[1], self.world.groups)
+            elif kind in ("kv_read", "kv_write"):  # KV tiers of a DP group (core/parallel/kv_tiers_dp.py)
+                from shuili.core.parallel.kv_tiers_dp import serve_kv
+
+                serve_kv(self, msg)
             elif kind == "load":
                 w.gather(self.model.expert_load.cpu())
                 self.model.expert_load.zero_()
