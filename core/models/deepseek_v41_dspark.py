@@ -97,7 +97,9 @@ class DSpark:
         ids = torch.full((C, b), cfg.dspark_noise_token_id, dtype=torch.int64, device=dev)
         ids[:, 0] = anchor
         ar = torch.arange(b, device=dev)
-        pos = (t[:, None] + ar[None]).reshape(-1)  # [C*b]
+        # [C*b]; rows past the model's last position (a request about to hit max_model_len) reuse it:
+        # their drafts cannot be verified anyway
+        pos = (t[:, None] + ar[None]).reshape(-1).clamp(max=m.max_model_len - 1)
         seq = torch.arange(C, device=dev)
         ctx_pos = t[:, None] - W + torch.arange(W, device=dev)[None]  # [C, W]
         ctx = token_slots(tables, seq[:, None].expand_as(ctx_pos), ctx_pos, P)
