@@ -196,3 +196,20 @@ def test_dspark_up_to_max_model_len():
     ref = [bits(o) for o in v41(model=short(False)).generate(PROMPTS[1:2], p)]
     got, reqs = drive(v41(model=short(True), speculative=DSPARK), PROMPTS[1:2], p)
     assert got == ref and ref[0][2] == "length" and sum(r.num_draft_proposed for r in reqs) > 0
+
+
+def test_dspark_from_checkpoint_directory(tmp_path):
+    """`--model PATH --speculative-method dspark`: a released-name V4.1 checkpoint with its mtp.*
+    layers (2 shards + index; no Engram layers so no tables to write) serves dspark with plain
+    decoding's bits."""
+    from shuili.core.models.deepseek_v41_config import named
+    from shuili.core.models.deepseek_v41_loader import (random_dspark_params, random_params, save_checkpoint,
+                                                        tensors_for)
+
+    cfg = named("tiny-v41", engram_layer_ids=(), engram_num_embeddings=())
+    params = {**random_params(cfg, seed=1), **random_dspark_params(cfg, seed=1)}
+    save_checkpoint(str(tmp_path), cfg, tensors_for(cfg, params, "released"), shards=2)
+    p, s = PROMPTS[:2], PARAMS[:2]
+    ref = [bits(o) for o in v41(model=str(tmp_path)).generate(p, s)]
+    got, reqs = drive(v41(model=str(tmp_path), speculative=DSPARK), p, s)
+    assert got == ref and sum(r.num_draft_proposed for r in reqs) > 0
