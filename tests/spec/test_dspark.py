@@ -213,3 +213,20 @@ def test_dspark_from_checkpoint_directory(tmp_path):
     ref = [bits(o) for o in v41(model=str(tmp_path)).generate(p, s)]
     got, reqs = drive(v41(model=str(tmp_path), speculative=DSPARK), p, s)
     assert got == ref and sum(r.num_draft_proposed for r in reqs) > 0
+
+
+def test_dspark_lengths_are_prefix_survival(ref):
+    """A confidence head that says sigmoid(0) = 1/2 for every draft: survival 1/2, 1/4, 1/8, ...;
+    with min_confidence 0.2 every draftable request gets exactly two drafts (budget permitting)."""
+    from shuili.hal.types import Weight
+
+    llm = v41(speculative={**DSPARK, "min_confidence": 0.2, "num_speculative_tokens": 8})
+    ds = llm.engine.model.dspark
+    ds.w.confidence = Weight.dense(torch.zeros_like(ds.w.confidence.data))
+    seen = []
+
+    def per_step(eng):
+        seen.extend(len(r.draft_token_ids) for r in eng.scheduler.running if r.draft_token_ids)
+
+    got, _ = drive(llm, PROMPTS, PARAMS, per_step=per_step)
+    assert got == ref and seen and set(seen) == {2}
