@@ -202,22 +202,7 @@ def released_dspark_name(name: str) -> str | None:
 
 def random_dspark_params(cfg: V41Config, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> dict:
     """Seeded random draft weights (their own RNG stream: the backbone's draw does not change)."""
-    g = torch.Generator(device="cpu").manual_seed(seed + 104729)
-    dt, std = getattr(torch, dtype), cfg.initializer_range
-    out: dict = {}
-    for name, sp in dspark_schema(cfg).items():
-        if name.endswith(("norm.weight", ".scale")):
-            t = torch.ones(sp.shape, dtype=torch.float32)
-        elif name.endswith(".base"):
-            t = numerics.normal(sp.shape, g, 0.0, 0.5)
-        elif name.endswith("sinks"):
-            t = numerics.normal(sp.shape, g, 0.0, 1.0)
-        elif name.endswith("e_score_correction_bias"):
-            t = numerics.normal(sp.shape, g, 0.0, 0.05)
-        else:
-            t = numerics.normal(sp.shape, g, 0.0, std)
-        out[name] = _as_param(t, sp, cfg, dt).to(device)
-    return out
+    return _random(dspark_schema(cfg), cfg, device, dtype, torch.Generator(device="cpu").manual_seed(seed + 104729))
 
 
 # ----------------------------------------------------------------------------------- random weights
@@ -225,10 +210,13 @@ def random_params(cfg: V41Config, device: str = "cpu", dtype: str = "float32", s
     """Seeded random weights in schema order (one CPU RNG stream through `numerics.normal`, so a seed
     is the same model on every device and host). What a default init leaves trivial is randomised
     too: sinks, router bias, mHC bases."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    return _random(schema(cfg), cfg, device, dtype, torch.Generator(device="cpu").manual_seed(seed))
+
+
+def _random(sch: dict[str, Spec], cfg: V41Config, device: str, dtype: str, g: torch.Generator) -> dict:
     dt, std = getattr(torch, dtype), cfg.initializer_range
     out: dict = {}
-    for name, sp in schema(cfg).items():
+    for name, sp in sch.items():
         # large tensors: the normal transform runs on `device` (same bits; deepseek_v4_loader)
         dev = device if math.prod(sp.shape) >= _DEVICE_NORMAL_MIN else None
         if name.endswith(("norm.weight", ".scale", "q_weight", "k_weight")):
