@@ -8,10 +8,13 @@ float32 logprobs must be identical: shuili verifies drafts by exact match, core/
     python benchmarks/spec_decode.py --device cuda --model mid-v4 --json spec_h200.json
     # the cuda mode's code path on the CPU with tiny-v4 (a smoke run of the same code)
     python benchmarks/spec_decode.py --device cpu --model tiny-v4 --max-tokens 12 --num-prompts 3
+    # DeepSeek-V4.1's DSpark draft layers (random weights) on the CPU
+    python benchmarks/spec_decode.py --model tiny-v41 --max-tokens 16 --num-prompts 4
 
 Tokens per step = generated tokens / the steps that sampled for the request (1.0 without
 speculation). On a shared CPU host the process CPU time ratio is the steadier speedup figure.
-Random-weight V4 models accept few model drafts: their MTP block was never trained.
+Random-weight V4 / V4.1 models accept few model drafts: their MTP block / DSpark layers were never
+trained (sampled drafts still match sometimes: they share the target's counter-based noise).
 """
 from __future__ import annotations
 
@@ -124,9 +127,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--methods", default=None, help="comma list; mtp:C sets min_confidence (mtp:0 drafts "
-                    "whatever the confidence), ngram:N sets prompt_lookup_min; default: ngram, or "
-                    "ngram,mtp,mtp:0 for V4 models")
+    ap.add_argument("--methods", default=None, help="comma list; mtp:C / dspark:C set min_confidence (mtp:0 "
+                    "drafts whatever the confidence), ngram:N sets prompt_lookup_min; default: ngram, "
+                    "ngram,mtp,mtp:0 for V4 models, ngram,dspark,dspark:0 for V4.1 models")
     ap.add_argument("--num-speculative-tokens", type=int, default=8, help="per step, over all requests")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -144,14 +147,15 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     v4 = args.model.endswith("-v4")
+    v41 = args.model.endswith("-v41")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.tokens_per_block is None and v4:
         from shuili.core.models.deepseek_v4_config import named
 
         args.tokens_per_block = max(16, named(args.model).hca_ratio)
     args.tokens_per_block = args.tokens_per_block or 16
-    methods = (args.methods or ("ngram,mtp,mtp:0" if v4 else "ngram")).split(",")
-    chat = not v4  # SmolLM2-Instruct answers through its chat template
+    methods = (args.methods or ("ngram,mtp,mtp:0" if v4 else "ngram,dspark,dspark:0" if v41 else "ngram")).split(",")
+    chat = not (v4 or v41)  # SmolLM2-Instruct answers through its chat template
     shared: dict = {}
     rows = []
     for temp in (float(t) for t in args.temperatures.split(",")):

@@ -42,7 +42,8 @@ class Engine:
 
             spec = config.speculative
             model = load_model(config.model, self.ops, self.device, config.dtype, config.seed,
-                               with_mtp=spec is not None and spec.method == "mtp")
+                               with_mtp=spec is not None and spec.method == "mtp",
+                               with_dspark=spec is not None and spec.method == "dspark")
         elif not hasattr(model, "forward"):  # a factory (ops, device, dtype, seed) -> Model
             model = model(self.ops, self.device, config.dtype, config.seed)
         self.model = model

@@ -72,6 +72,7 @@ class HostStep:
     tables: dict[str, list[list[int]]] = field(default_factory=dict)  # group -> [B] block tables
     slots: dict[str, list[int]] = field(default_factory=dict)  # group -> [T] cache slots
     engram_history: list[int] = field(default_factory=list)  # [T * lookback] (Engram models)
+    engram_holes: list[tuple[int, str]] = field(default_factory=list)  # (history index, request id) from prev
 
 
 @dataclass
@@ -89,6 +90,8 @@ class Step:
     sampling: SamplingBatch | None  # None: nothing is sampled
     fill_at: torch.Tensor | None = None  # int64: in-flight tokens in sampling.penalties.output_ids
     fill_src: torch.Tensor | None = None  # int64: row of prev.sampled that fills each
+    engram_fill_at: torch.Tensor | None = None  # int64: in-flight tokens in batch.engram_history (flat)
+    engram_fill_src: torch.Tensor | None = None  # int64: row of prev.sampled that fills each
 
 
 class ModelRunner:
@@ -143,6 +146,8 @@ class ModelRunner:
             arrays["slots." + name] = (slot, i64)
         if self.engram_lookback:
             arrays["engram_history"] = (h.engram_history, i64)
+            arrays["engram_fill_at"] = ([i for i, _ in h.engram_holes], i64)
+            arrays["engram_fill_src"] = ([prev.index[rid] for _, rid in h.engram_holes], i64)
         flags = self._sampling_arrays(arrays, h.sample_rows, prev)
         return h, arrays, flags
 
@@ -169,7 +174,8 @@ class ModelRunner:
                     sample_idx=dev["sample_idx"], prompt_idx=dev["prompt_idx"],
                     prompt_targets=dev["prompt_targets"], hole_rows=dev["hole_rows"], hole_src=dev["hole_src"],
                     sampling=_sampling_batch(dev, flags) if sampled else None,
-                    fill_at=dev.get("pen.fill_at"), fill_src=dev.get("pen.fill_src"))
+                    fill_at=dev.get("pen.fill_at"), fill_src=dev.get("pen.fill_src"),
+                    engram_fill_at=dev.get("engram_fill_at"), engram_fill_src=dev.get("engram_fill_src"))
 
     def _sampling_arrays(self, arrays: dict, rows: list[SampleRow], prev: StepResult | None) -> dict:
         """Adds the rows' sampling inputs to the step's upload; returns the host flags."""
@@ -206,6 +212,10 @@ class ModelRunner:
                 return req.tokens(a, max(min(b, base), a)) + c.drafts[max(a - base, 0):max(b - base, 0)]
 
             h.engram_history += engram_history(ids if K else req.tokens, c.start, c.end, self.engram_lookback)
+            # a draft row's look-back may hold the in-flight token (overlap mode): filled like its row
+            lb = self.engram_lookback
+            h.engram_holes += [((row0 + r) * lb + r - j - 1, req.request_id) for j, t in enumerate(toks) if t < 0
+                               for r in range(j + 1, min(len(toks), j + lb + 1))]
         h.query_start_loc.append(len(h.input_ids))
         h.seq_lens.append(c.end)
         h.context_lens.append(c.start)
@@ -244,6 +254,8 @@ class ModelRunner:
             batch.input_ids[step.hole_rows] = prev.sampled[step.hole_src]
         if step.fill_at is not None and step.fill_at.numel():
             step.sampling.penalties.output_ids[step.fill_at] = prev.sampled[step.fill_src]
+        if step.engram_fill_at is not None and step.engram_fill_at.numel():
+            batch.engram_history.view(-1)[step.engram_fill_at] = prev.sampled[step.engram_fill_src]
         if batch.logits_indices.numel() == 0:
             self.model.forward(batch)
             return self._launched(StepResult(sample_rows=sample_rows))

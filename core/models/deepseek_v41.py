@@ -175,7 +175,8 @@ class DeepseekV41Model:
         return self.engram is None or self.engram.static_capable
 
     def __init__(self, cfg: V41Config, ops: DispatchTable, params: dict, device: str = "cpu",
-                 dtype: str = "float32", max_model_len: int | None = None, tokenizer=None, engram=None):
+                 dtype: str = "float32", max_model_len: int | None = None, tokenizer=None, engram=None,
+                 with_dspark: bool = False):
         self.cfg, self.ops, self.device, self.dtype_name = cfg, ops, device, dtype
         self.dtype = getattr(torch, dtype)
         self.vocab_size = cfg.vocab_size
@@ -198,10 +199,20 @@ class DeepseekV41Model:
                      True: tuple(t.to(device) for t in rope_tables(cfg, True, n))}
         self.caches: dict[str, dict[int, torch.Tensor]] = {}
         self.tokens_per_block = 0
+        # DSpark draft layers (core/models/deepseek_v41_dspark.py), built only when asked for
+        self.dspark = None
+        self.last_hidden: torch.Tensor | None = None  # [T, n_taps * D] the draft layers' input, keep_hidden
+        if with_dspark:
+            from shuili.core.models.deepseek_v41_dspark import DSpark, dspark_weights
+
+            if cfg.num_nextn_predict_layers <= 0:
+                raise ValueError("this DeepSeek-V4.1 config has num_nextn_predict_layers = 0: no DSpark draft layers")
+            self.dspark = DSpark(self, dspark_weights(cfg, params))
 
     # ---------------------------------------------------------------- Model protocol
     def cache_groups(self) -> list[CacheGroupSpec]:
-        return cache_groups(self.cfg, self.dtype_name)
+        return cache_groups(self.cfg, self.dtype_name,
+                            self.cfg.num_nextn_predict_layers if self.dspark is not None else 0)
 
     def bind_caches(self, caches: dict[str, list[torch.Tensor]], tokens_per_block: int) -> None:
         self.caches.update(bind_group_caches(self.cache_groups(), caches, tokens_per_block))
@@ -210,8 +221,9 @@ class DeepseekV41Model:
     def apply_chat_template(self, prompt: str) -> str:
         return deepseek_chat(self.tokenizer, prompt)
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """float32 logits [len(logits_indices), vocab]."""
+    def forward(self, batch: ForwardBatch, keep_hidden: bool = False) -> torch.Tensor:
+        """float32 logits [len(logits_indices), vocab]. keep_hidden: `last_hidden` = the DSpark taps
+        (each tap layer's input streams, mean over the streams), concatenated [T, n_taps * D]."""
         if not self.caches:
             raise RuntimeError("bind_caches() must be called before forward()")
         ops, cfg = self.ops, self.cfg
@@ -223,11 +235,15 @@ class DeepseekV41Model:
         pre[:, 0] = 1.0  # the first site reads stream 0
         rows = self.engram.step(batch) if self.engram is not None else None  # gather starts now
         shared = _Shared()
+        taps = {}
         for i, blk in enumerate(self.blocks):
             if blk.engram is not None:  # before the layer's first mHC site
                 kv = self._engram_kv(rows.get(i), blk.engram)
                 x = ops.engram_gate(x, kv, blk.engram.q_weight, blk.engram.k_weight, cfg.rms_norm_eps)
+            if keep_hidden and i in cfg.dspark_taps:
+                taps[i] = (numerics.tree_sum(x.float(), dim=1) / m).to(self.dtype)
             x, pre = self._block(blk, i, x, pre, meta, shared)
+        self.last_hidden = torch.cat([taps[i] for i in cfg.dspark_taps], dim=-1) if keep_hidden else None
         x = x[batch.logits_indices]
         u = numerics.tree_sum(pre[batch.logits_indices][..., None] * x.float(), dim=1).to(self.dtype)
         return self._logits(ops.rms_norm(u, self.norm, cfg.rms_norm_eps))
@@ -440,25 +456,30 @@ def _block(cfg: V41Config, params: dict, i: int) -> Block:
 
 # --------------------------------------------------------------------------------------- entry points
 def build(name: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32", seed: int = 0,
-          max_model_len: int | None = None, **overrides) -> DeepseekV41Model:
-    """A named config (tiny-v41, mid-v41) with seeded random weights generated on `device`."""
-    from shuili.core.models.deepseek_v41_loader import random_engram, random_params
+          max_model_len: int | None = None, with_dspark: bool = False, **overrides) -> DeepseekV41Model:
+    """A named config (tiny-v41, mid-v41) with seeded random weights generated on `device`
+    (with_dspark: also the DSpark draft layers, from their own RNG stream)."""
+    from shuili.core.models.deepseek_v41_loader import random_dspark_params, random_engram, random_params
 
     cfg = named(name, **overrides)
     params = random_params(cfg, device=device, dtype=dtype, seed=seed)
+    if with_dspark:
+        params.update(random_dspark_params(cfg, device=device, dtype=dtype, seed=seed))
     engram = random_engram(cfg, ops, device=device, dtype=dtype, seed=seed)
     return DeepseekV41Model(cfg, ops, params, device=device, dtype=dtype, max_model_len=max_model_len,
-                            engram=engram)
+                            engram=engram, with_dspark=with_dspark)
 
 
 def load_checkpoint(path: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32",
-                    max_model_len: int | None = None, progress: bool = True, **overrides) -> DeepseekV41Model:
-    """A directory of config.json + safetensors (released or transformers tensor names)."""
+                    max_model_len: int | None = None, progress: bool = True, with_dspark: bool = False,
+                    **overrides) -> DeepseekV41Model:
+    """A directory of config.json + safetensors (released or transformers tensor names); with_dspark
+    also reads the mtp.* DSpark draft layers."""
     from shuili.core.models.deepseek_v41_loader import load_engram, load_params, read_config
     from shuili.core.models.tokenizer import load_tokenizer
 
     cfg = read_config(path, **overrides)
-    params = load_params(path, cfg, device=device, dtype=dtype, progress=progress)
+    params = load_params(path, cfg, device=device, dtype=dtype, progress=progress, with_dspark=with_dspark)
     import os
 
     # without tokenizer.json the model's byte tokenizer (which also fits a 256-id vocabulary)
@@ -466,4 +487,4 @@ def load_checkpoint(path: str, ops: DispatchTable, device: str = "cpu", dtype: s
            if os.path.isfile(os.path.join(path, "tokenizer.json")) else None)
     engram = load_engram(path, cfg, tok, ops, device=device, dtype=dtype)
     return DeepseekV41Model(cfg, ops, params, device=device, dtype=dtype, max_model_len=max_model_len,
-                            tokenizer=tok, engram=engram)
+                            tokenizer=tok, engram=engram, with_dspark=with_dspark)

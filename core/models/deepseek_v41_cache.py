@@ -29,9 +29,10 @@ def state_group(src: int) -> str:
     return f"state_src{src}"
 
 
-def cache_groups(cfg: V41Config, dtype: str) -> list[CacheGroupSpec]:
+def cache_groups(cfg: V41Config, dtype: str, n_draft: int = 0) -> list[CacheGroupSpec]:
+    """n_draft: DSpark draft layers, whose context KV takes swa_kv layers num_hidden_layers + k."""
     shape, dt = _entry(cfg.window_kv_format, cfg.head_dim, dtype)
-    groups = [CacheGroupSpec(name="swa_kv", kind="sliding", layers=tuple(range(cfg.num_hidden_layers)),
+    groups = [CacheGroupSpec(name="swa_kv", kind="sliding", layers=tuple(range(cfg.num_hidden_layers + n_draft)),
                              entry_shape=shape, dtype=dt, window=cfg.sliding_window)]
     for src in cfg.kv_source_layer_ids:
         r = cfg.ratio(src)

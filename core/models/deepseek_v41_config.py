@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shuili.core.models.deepseek_v4_config import (KvFormat, YarnConfig, check_experts, check_kv_formats,
                                                   check_o_groups)
@@ -84,6 +84,13 @@ class V41Config(BaseModel):
     engram_pad_id: int = 2
     engram_compressed_vocab_size: int = 99092
     num_nextn_predict_layers: int = 3
+    # DSpark draft layers (mtp.0..n-1, v4_arch.md §2.9; core/models/deepseek_v41_dspark.py)
+    dspark_block_size: int = Field(5, ge=1)
+    dspark_noise_token_id: int = 128799
+    dspark_target_layer_ids: tuple[int, ...] = ()  # empty: the last three layers (the release: 37, 38, 39)
+    dspark_markov_rank: int = Field(256, ge=1)
+    dspark_n_routed_experts: int = Field(128, ge=1)
+    dspark_num_experts_per_tok: int = Field(3, ge=1)
     bos_token_id: int = 0
     eos_token_ids: tuple[int, ...] = (1,)
     pad_token_id: int | None = 2
@@ -125,6 +132,8 @@ class V41Config(BaseModel):
             if self.index_source_of(i) is None:
                 raise ValueError(f"layer {i} has a compressed branch but no index_source_layer_ids entry "
                                  "at or before it publishes top-k indices")
+        if self.num_nextn_predict_layers > 0:
+            self._check_dspark()
         c = self.candidate_source_layer_id
         if c >= 0 and c not in ix:
             raise ValueError(f"candidate_source_layer_id ({c}) must be in index_source_layer_ids {list(ix)}")
@@ -143,7 +152,23 @@ class V41Config(BaseModel):
         check_kv_formats(self)
         return self
 
+    def _check_dspark(self) -> None:
+        n = self.num_hidden_layers
+        if any(i < 0 or i >= n for i in self.dspark_target_layer_ids):
+            raise ValueError(f"dspark_target_layer_ids: {list(self.dspark_target_layer_ids)} out of range [0, {n})")
+        if not 0 <= self.dspark_noise_token_id < self.vocab_size:
+            raise ValueError(f"dspark_noise_token_id {self.dspark_noise_token_id} is not a token id "
+                             f"(vocab_size {self.vocab_size})")
+        if self.dspark_num_experts_per_tok > self.dspark_n_routed_experts:
+            raise ValueError("dspark_num_experts_per_tok exceeds dspark_n_routed_experts")
+
     # ------------------------------------------------------------------ derived
+    @property
+    def dspark_taps(self) -> tuple[int, ...]:
+        """The target layers whose attention inputs feed the DSpark draft layers."""
+        n = self.num_hidden_layers
+        return self.dspark_target_layer_ids or tuple(range(max(0, n - 3), n))
+
     def ratio(self, layer: int) -> int:
         return self.compress_ratios[layer]
 
@@ -302,6 +327,9 @@ class V41Config(BaseModel):
             engram_head_dim=g.get("engram_head_dim", 256), engram_pad_id=pad,
             engram_compressed_vocab_size=g.get("engram_compressed_vocab_size", 99092),
             num_nextn_predict_layers=nextn,
+            **{k: g[k] for k in ("dspark_block_size", "dspark_noise_token_id", "dspark_markov_rank",
+                                 "dspark_n_routed_experts", "dspark_num_experts_per_tok") if g.get(k) is not None},
+            dspark_target_layer_ids=tuple(g.get("dspark_target_layer_ids") or ()),
             bos_token_id=g.get("bos_token_id") if g.get("bos_token_id") is not None else 0,
             eos_token_ids=eos, pad_token_id=g.get("pad_token_id", raw.get("pad_token_id")),
             tie_word_embeddings=g.get("tie_word_embeddings", False),
@@ -339,7 +367,11 @@ class V41Config(BaseModel):
                  engram_max_ngram_size=self.engram_max_ngram_size, engram_n_heads=self.engram_n_heads,
                  engram_head_dim=self.engram_head_dim, engram_pad_id=self.engram_pad_id,
                  engram_compressed_vocab_size=self.engram_compressed_vocab_size,
-                 num_nextn_predict_layers=0, bos_token_id=self.bos_token_id,
+                 num_nextn_predict_layers=self.num_nextn_predict_layers, dspark_block_size=self.dspark_block_size,
+                 dspark_noise_token_id=self.dspark_noise_token_id,
+                 dspark_target_layer_ids=list(self.dspark_target_layer_ids), dspark_markov_rank=self.dspark_markov_rank,
+                 dspark_n_routed_experts=self.dspark_n_routed_experts,
+                 dspark_num_experts_per_tok=self.dspark_num_experts_per_tok, bos_token_id=self.bos_token_id,
                  eos_token_id=list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
                  pad_token_id=self.pad_token_id, tie_word_embeddings=self.tie_word_embeddings,
                  initializer_range=self.initializer_range)
@@ -384,8 +416,12 @@ def _tiny() -> V41Config:
         candidate_source_layer_id=4, candidate_topk_blocks=3, candidate_block_size=4,
         index_n_heads=12, index_head_dim=32, index_topk=4, sliding_window=8,
         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-        max_position_embeddings=1024, num_nextn_predict_layers=0, pad_token_id=2,
+        max_position_embeddings=1024, num_nextn_predict_layers=3, pad_token_id=2,
         yarn=YarnConfig(factor=16.0, original_max_position_embeddings=64),
+        # small DSpark draft layers (built only for --speculative-method dspark): blocks of 4, taps 5-7,
+        # Markov rank 8, 4 experts top-2
+        dspark_block_size=4, dspark_noise_token_id=255, dspark_target_layer_ids=(5, 6, 7), dspark_markov_rank=8,
+        dspark_n_routed_experts=4, dspark_num_experts_per_tok=2,
         # the byte tokenizer of a random model maps ids to themselves (the fixture's word tokenizer
         # gives its own compressed size and table rows; see its config.json)
         engram_layer_ids=(1, 4), engram_vocab_size=50, engram_max_ngram_size=4, engram_n_heads=2,
@@ -402,7 +438,9 @@ def _mid() -> V41Config:
         index_source_layer_ids=(2, 7, 9, 11), candidate_source_layer_id=7, candidate_topk_blocks=2048,
         candidate_block_size=8, index_n_heads=32, index_head_dim=128, index_topk=512, sliding_window=128,
         n_routed_experts=32, num_experts_per_tok=6, moe_intermediate_size=768, n_shared_experts=1,
-        num_nextn_predict_layers=0, quantization=QuantConfig(),
+        num_nextn_predict_layers=3, quantization=QuantConfig(),
+        dspark_block_size=5, dspark_noise_token_id=128799, dspark_target_layer_ids=(9, 10, 11), dspark_markov_rank=256,
+        dspark_n_routed_experts=16, dspark_num_experts_per_tok=3,
         # the released Engram row shape (24 rows of 256 per token per layer) with smaller tables
         # (~12M rows, 3.2 GB each as fp8 rows) in host memory; the identity token map of the byte tokenizer
         engram_layer_ids=(1, 5), engram_vocab_size=500_000, engram_max_ngram_size=4, engram_n_heads=8,

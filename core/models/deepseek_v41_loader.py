@@ -147,6 +147,63 @@ def _released_table(cfg: V41Config) -> dict[str, str]:
     return out
 
 
+# ------------------------------------------------------------------------------ DSpark draft layers
+def dspark_layer_config(cfg: V41Config) -> V41Config:
+    """The draft layers as a config of their own: num_nextn_predict_layers window-only layers (ratio 0,
+    no Engram) whose MoE has dspark_n_routed_experts experts, top dspark_num_experts_per_tok."""
+    n = cfg.num_nextn_predict_layers
+    return V41Config(**{**cfg.model_dump(), "num_hidden_layers": n, "compress_ratios": (0,) * n,
+                        "kv_source_layer_ids": (), "index_source_layer_ids": (), "candidate_source_layer_id": -1,
+                        "engram_layer_ids": (), "engram_num_embeddings": (), "num_nextn_predict_layers": 0,
+                        "dspark_target_layer_ids": (), "n_routed_experts": cfg.dspark_n_routed_experts,
+                        "num_experts_per_tok": cfg.dspark_num_experts_per_tok})
+
+
+def dspark_schema(cfg: V41Config) -> dict[str, Spec]:
+    """The draft tensors under shuili's transformers-style names (transformers has no DSpark module:
+    these names are our choice, `model.mtp.{k}.` + a decoder layer's module names). mtp.0 carries
+    main_proj/main_norm, the last one the final norm and the Markov and confidence heads."""
+    if cfg.num_nextn_predict_layers <= 0:
+        return {}
+    D, V, r, L = cfg.hidden_size, cfg.vocab_size, cfg.dspark_markov_rank, cfg.num_nextn_predict_layers - 1
+    s: dict[str, Spec] = {}
+    for name, sp in schema(dspark_layer_config(cfg)).items():
+        if name.startswith("model.layers."):
+            s["model.mtp." + name[len("model.layers."):]] = sp
+    s["model.mtp.0.main_proj.weight"] = Spec((D, len(cfg.dspark_taps) * D), "linear")
+    s["model.mtp.0.main_norm.weight"] = Spec((D,), "f32")
+    s[f"model.mtp.{L}.norm.weight"] = Spec((D,), "f32")
+    s[f"model.mtp.{L}.markov_head.markov_w1.weight"] = Spec((V, r), "dense")
+    s[f"model.mtp.{L}.markov_head.markov_w2.weight"] = Spec((V, r), "linear")
+    s[f"model.mtp.{L}.confidence_head.proj.weight"] = Spec((1, D + r), "f32")
+    return s
+
+
+# draft head tensors: shuili name (after model.mtp.{k}.) -> released name (after mtp.{k}.), as in the
+# released V4.1 checkpoint and vLLM's loader (its Markov factors are called embed / head there)
+_DSPARK_HEADS = {"main_proj.weight": "main_proj.weight", "main_norm.weight": "main_norm.weight",
+                 "norm.weight": "norm.weight", "markov_head.markov_w1.weight": "markov_head.embed.weight",
+                 "markov_head.markov_w2.weight": "markov_head.head.weight",
+                 "confidence_head.proj.weight": "confidence_head.proj.weight"}
+
+
+def released_dspark_name(name: str) -> str | None:
+    """The released name of a `dspark_schema` name (None for the stacked experts)."""
+    m = re.match(r"model\.mtp\.(\d+)\.(.*)", name)
+    if m is None:
+        raise ValueError(f"{name!r} is not a DSpark tensor name")
+    k, rest = m.groups()
+    if rest in _DSPARK_HEADS:
+        return f"mtp.{k}.{_DSPARK_HEADS[rest]}"
+    rel = released_name(f"model.layers.{k}.{rest}")
+    return None if rel is None else "mtp." + rel[len("layers."):]
+
+
+def random_dspark_params(cfg: V41Config, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> dict:
+    """Seeded random draft weights (their own RNG stream: the backbone's draw does not change)."""
+    return _random(dspark_schema(cfg), cfg, device, dtype, torch.Generator(device="cpu").manual_seed(seed + 104729))
+
+
 # ----------------------------------------------------------------------------------- random weights
 def random_params(cfg: V41Config, device: str = "cpu", dtype: str = "float32", seed: int = 0,
                   transform=None) -> dict:
@@ -154,10 +211,14 @@ def random_params(cfg: V41Config, device: str = "cpu", dtype: str = "float32", s
     is the same model on every device and host). What a default init leaves trivial is randomised
     too: sinks, router bias, mHC bases. transform(name, value), when given, replaces each value as
     soon as it is drawn (a parallel rank keeps its shard: core/parallel/sharding_v41.py)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    return _random(schema(cfg), cfg, device, dtype, torch.Generator(device="cpu").manual_seed(seed), transform)
+
+
+def _random(sch: dict[str, Spec], cfg: V41Config, device: str, dtype: str, g: torch.Generator,
+            transform=None) -> dict:
     dt, std = getattr(torch, dtype), cfg.initializer_range
     out: dict = {}
-    for name, sp in schema(cfg).items():
+    for name, sp in sch.items():
         # large tensors: the normal transform runs on `device` (same bits; deepseek_v4_loader)
         dev = device if math.prod(sp.shape) >= _DEVICE_NORMAL_MIN else None
         if name.endswith(("norm.weight", ".scale", "q_weight", "k_weight")):
@@ -300,30 +361,38 @@ def _dequant_fp8(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> to
 
 
 def load_params(path: str, cfg: V41Config, device: str = "cpu", dtype: str = "float32",
-                progress: bool = True) -> dict:
-    """Every tensor of `schema(cfg)`, read by the transformers name or the released one (decided by
-    the checkpoint's names); a tensor the backbone does not know is an error naming it."""
+                progress: bool = True, with_dspark: bool = False) -> dict:
+    """Every tensor of `schema(cfg)` (and of `dspark_schema(cfg)` with_dspark), read by the
+    transformers name or the released one (decided by the checkpoint's names); a tensor the backbone
+    does not know is an error naming it. Without with_dspark the mtp.* tensors are skipped unread."""
     from tqdm import tqdm
 
     ckpt = Checkpoint(path)  # honours model.safetensors.index.json
     where = ckpt.where
     dt = getattr(torch, dtype)
     sch = schema(cfg)
+    dsch = dspark_schema(cfg) if with_dspark else {}
+    if with_dspark and not dsch:
+        raise CheckpointError(f"{path}: config.json has num_nextn_predict_layers = 0: the checkpoint has no "
+                              "DSpark draft layers (speculative method dspark needs them)")
     hf = any(k.startswith("model.layers.") or k == "model.embed_tokens.weight" for k in where)
     if hf:
-        table = {n: n for n in sch if sch[n].kind != "experts"}
+        table = {n: n for n, sp in {**sch, **dsch}.items() if sp.kind != "experts"}
         ignore = _IGNORED_HF
     else:
         table = _released_table(cfg)
+        table.update({released_dspark_name(n): n for n, sp in dsch.items() if sp.kind != "experts"})
         ignore = _IGNORED_REL
     inv = {v: k for k, v in table.items()}
     block = tuple(cfg.quantization.weight_block_size) if cfg.quantization else (32, 32)
     known = set(table)
-    expert_re = (re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$") if hf else
-                 re.compile(r"layers\.(\d+)\.ffn\.experts\.(\d+)\.(w[123])\.(weight|scale)$"))
+    expert_re = (re.compile(r"model\.(layers|mtp)\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$") if hf else
+                 re.compile(r"(layers|mtp)\.(\d+)\.ffn\.experts\.(\d+)\.(w[123])\.(weight|scale)$"))
     scale_re = re.compile(r"\.(scale|weight_scale_inv)$")
+    draft_re = re.compile(r"^(model\.)?mtp\.")
     for k in where:
-        if k in known or ignore.search(k) or expert_re.match(k):
+        ignored = ignore.search(k) and not (with_dspark and draft_re.match(k) and not k.endswith("bias_vl"))
+        if k in known or ignored or (expert_re.match(k) and (with_dspark or not draft_re.match(k))):
             continue
         if scale_re.search(k) and (re.sub(r"\.(scale|weight_scale_inv)$", ".weight", k) in known):
             continue
@@ -354,7 +423,7 @@ def load_params(path: str, cfg: V41Config, device: str = "cpu", dtype: str = "fl
         return w.to(dt)
 
     out: dict = {}
-    for name, sp in tqdm(sch.items(), desc="loading deepseek_v41", disable=not progress, unit="tensor"):
+    for name, sp in tqdm({**sch, **dsch}.items(), desc="loading deepseek_v41", disable=not progress, unit="tensor"):
         if sp.kind == "experts":
             out[name] = _experts(name, sp, cfg, hf, get, where, dt, device)
             continue
@@ -386,16 +455,18 @@ def _experts(name: str, sp: Spec, cfg: V41Config, hf: bool, get, where, dt, devi
             raise CheckpointError(f"tensor {n!r}: FP8 experts of V4.1 use {cfg.quantization.weight_block_size if cfg.quantization else '?'} "
                                   "blocks, which this loader reads only for non-expert linears")
 
-    layer = int(name.split(".")[2])
+    kind, layer = re.match(r"model\.(layers|mtp)\.(\d+)\.", name).groups()
     which = "w13" if name.endswith("gate_up_proj") else "w2"
-    return _stack_experts(_Rd(), f"layers.{layer}.ffn.", cfg, which, dt, device, reject=no_fp8)
+    # the draft layers (mtp.*) have their own expert count (dspark_n_routed_experts)
+    return _stack_experts(_Rd(), f"{kind}.{layer}.ffn.", cfg, which, dt, device, reject=no_fp8,
+                          num_experts=sp.shape[0])
 
 
 # ---------------------------------------------------------------------------------- checkpoint writer
 def tensors_for(cfg: V41Config, params: dict, naming: str = "transformers") -> dict[str, torch.Tensor]:
     """Float tensors of assembled params under `naming` ("transformers" or "released")."""
     out: dict[str, torch.Tensor] = {}
-    E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
+    I = cfg.moe_intermediate_size
     for name, v in params.items():
         t = v.data if isinstance(v, Weight) else v
         if isinstance(v, Weight) and v.format != "dense":
@@ -406,16 +477,16 @@ def tensors_for(cfg: V41Config, params: dict, naming: str = "transformers") -> d
             out[name] = t.contiguous()
             continue
         if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
-            layer = name.split(".")[2]
-            for j in range(E):
-                p = f"layers.{layer}.ffn.experts.{j}."
+            kind, layer = name.split(".")[1:3]
+            for j in range(t.shape[0]):
+                p = f"{kind}.{layer}.ffn.experts.{j}."
                 if name.endswith("gate_up_proj"):
                     out[p + "w1.weight"] = t[j, :I].contiguous()
                     out[p + "w3.weight"] = t[j, I:].contiguous()
                 else:
                     out[p + "w2.weight"] = t[j].contiguous()
             continue
-        out[released_name(name)] = t.contiguous()
+        out[released_dspark_name(name) if name.startswith("model.mtp.") else released_name(name)] = t.contiguous()
     return out
 
 

@@ -219,10 +219,10 @@ def _load_expert(rd, name: str, shape: tuple[int, int]) -> tuple[str, torch.Tens
 
 
 def _stack_experts(rd: Checkpoint, prefix: str, cfg: V4Config, which: str, dt, dev: str,
-                   reject=None) -> Weight:
+                   reject=None, num_experts: int | None = None) -> Weight:
     """Stack experts.{j}.w1|w3 into [E, 2I, D] (gate rows then up rows) or experts.{j}.w2 into [E, D, I].
     `reject(name, fmt)`, when given, raises for a stored format the caller cannot read (the V4.1 loader's)."""
-    E, I, D = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    E, I, D = num_experts or cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
     parts = ("w1", "w3") if which == "w13" else ("w2",)
     shape = (I, D) if which == "w13" else (D, I)
     datas, scales, fmt = [], [], None

@@ -176,7 +176,7 @@ def test_budget_is_per_step_total():
 def test_method_the_model_cannot_serve():
     with pytest.raises(ValueError, match=r"'mtp' cannot serve this model.*fit it: ngram"):
         make_llm(speculative={"method": "mtp", "num_speculative_tokens": 2})
-    with pytest.raises(ValueError, match="not available for this model yet"):
+    with pytest.raises(ValueError, match=r"'dspark' cannot serve this model: the model has no DSpark draft layers"):
         make_llm(speculative={"method": "dspark", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         make_llm(speculative={"method": "ngram", "num_speculative_tokens": 0})
