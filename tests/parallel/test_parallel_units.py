@@ -97,7 +97,9 @@ def _collective_rank(rank: int, port: int, q) -> None:
         C.all_to_all(rows, [1, 1], recv)
     except ValueError as exc:
         out["err"] = str(exc)
-    q.put((rank, out))
+    # numpy arrays pickle by value; a tensor goes through shared memory that dies with this process,
+    # which may exit before the parent unpickles it
+    q.put((rank, {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in out.items()}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -112,6 +114,7 @@ def test_reference_collectives_on_two_gloo_ranks():
     for p in ps:
         p.start()
     res = dict(q.get(timeout=300) for _ in ps)
+    res = {r: {k: torch.from_numpy(v) if hasattr(v, "dtype") else v for k, v in o.items()} for r, o in res.items()}
     for p in ps:
         p.join(timeout=60)
     xs = [torch.rand(5, 3, generator=torch.Generator().manual_seed(r)) * 1e4 for r in range(2)]
