@@ -18,6 +18,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -28,17 +29,22 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("extra", nargs="*", help="more flags for `shuili perplexity` (after --)")
     a = ap.parse_args()
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    # the tree measured is PYTHONPATH's (else this script's); the child runs elsewhere, since
+    # `python -m` puts its working directory first on sys.path, ahead of PYTHONPATH
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads),
+               PYTHONPATH=os.path.abspath(os.environ.get("PYTHONPATH") or root))
     cmd = [sys.executable, "-m", "shuili", "perplexity", "--model", a.model, "--json", *a.extra]
     w0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as cwd:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - w0
     if proc.returncode:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     report = json.loads(proc.stdout)
     nll = [s["nll"] for s in report["samples"]]
-    res = {"model": a.model, "threads": a.threads, "max_rss_gb": ru.ru_maxrss * 1024 / 1e9,
+    res = {"model": a.model, "tree": env["PYTHONPATH"], "threads": a.threads, "max_rss_gb": ru.ru_maxrss * 1024 / 1e9,
            "user_cpu_s": ru.ru_utime, "sys_cpu_s": ru.ru_stime, "wall_s": wall,
            "corpus_ppl": report["corpus_ppl"],
            "nll_sha256": hashlib.sha256(json.dumps(nll).encode()).hexdigest()[:16],
