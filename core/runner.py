@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shuili.core.kv_memory import kv_zeros
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch
 from shuili.core.models.engram_hash import engram_history
 from shuili.core.request import Request, stop_ids
@@ -25,8 +26,7 @@ def allocate_caches(groups: list[CacheGroupSpec], num_blocks: int | dict[str, in
     for g in groups:
         n = num_blocks[g.name] if isinstance(num_blocks, dict) else num_blocks
         shape = (n, g.entries_per_block(tokens_per_block), *g.entry_shape)
-        caches[g.name] = [torch.zeros(shape, dtype=getattr(torch, g.dtype), device=device)
-                          for _ in g.layers]
+        caches[g.name] = [kv_zeros(shape, getattr(torch, g.dtype), device) for _ in g.layers]
     return caches
 
 

@@ -68,12 +68,18 @@ def to_fixed(x: torch.Tensor, bits: int, e: torch.Tensor | None = None) -> tuple
     return _widen_mul(x, pow2((bits - e).clamp(-1022, 1023))).round_(), e
 
 
+_MIXED_MUL_MAX = 1 << 15  # elements: above this a widening copy + in-place multiply is faster
+
+
 def _widen_mul(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """x.to(float64) * s for a float64 s with x's number of dims, in one pass: type promotion widens
-    x's elements exactly on the fly (a 0-dim s would not promote a float32 x, hence the check)."""
-    if s.dim() != x.dim():
-        return x.to(torch.float64) * s
-    return x * s
+    """x.to(float64) * s for a float64 s: the exact widening, then one rounded multiply, either way.
+    Small x: in one pass, type promotion widening x's elements on the fly (a 0-dim s would not
+    promote a float32 x, hence the dim check). Large x: torch's mixed-dtype loop is not vectorised
+    (~1.4x slower than a float64 copy and an in-place multiply at 300K elements on AVX2)."""
+    if x.dtype == torch.float64 or (s.dim() == x.dim() and x.numel() <= _MIXED_MUL_MAX):
+        return x * s
+    x64 = x.to(torch.float64)
+    return x64.mul_(s) if torch.broadcast_shapes(x64.shape, s.shape) == x64.shape else x64 * s
 
 
 def fixed_matmul(qa: torch.Tensor, ea: torch.Tensor, pa: int, qb: torch.Tensor, eb: torch.Tensor,

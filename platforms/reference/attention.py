@@ -19,26 +19,27 @@ from shuili.hal import numerics
 
 
 def _gqa_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, T, H, D]; k [B, n, KVH, D] -> float32 [B, T, H, n]; head h reads kv head h // (H / KVH)."""
+    """q [B, T, H, D]; k [B, KVH, n, D] (head-major: the fixed-point passes and the batched matmul
+    read it contiguously) -> float32 [B, T, H, n]; head h reads kv head h // (H / KVH)."""
     bsz, t, h, d = q.shape
-    kvh = k.shape[2]
+    kvh = k.shape[1]
     qg = q.reshape(bsz, t, kvh, h // kvh, d).permute(0, 2, 1, 3, 4).reshape(bsz, kvh, t * (h // kvh), d)
-    lg = numerics.dot(qg, k.permute(0, 2, 1, 3)).mul_(scale)  # [B, KVH, T * G, n]
+    lg = numerics.dot(qg, k).mul_(scale)  # [B, KVH, T * G, n]
     return lg.reshape(bsz, kvh, t, h // kvh, -1).permute(0, 2, 1, 3, 4).reshape(bsz, t, h, -1)
 
 
 def _gqa_weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """p [B, T, H, n]; v [B, n, KVH, Dv] -> float32 [B, T, H, Dv]."""
+    """p [B, T, H, n]; v [B, KVH, n, Dv] (head-major) -> float32 [B, T, H, Dv]."""
     bsz, t, h, n = p.shape
-    kvh, dv = v.shape[2], v.shape[3]
+    kvh, dv = v.shape[1], v.shape[3]
     pg = p.reshape(bsz, t, kvh, h // kvh, n).permute(0, 2, 1, 3, 4).reshape(bsz, kvh, t * (h // kvh), n)
-    out = numerics.dot_pv(pg, v.permute(0, 2, 1, 3))  # [B, KVH, T * G, Dv]
+    out = numerics.dot_pv(pg, v)  # [B, KVH, T * G, Dv]
     return out.reshape(bsz, kvh, t, h // kvh, dv).permute(0, 2, 1, 3, 4).reshape(bsz, t, h, dv)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor, count: torch.Tensor,
             scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
-    """q [B, T, H, D] over keys k, values v [B, n, KVH, *]; query (b, t) sees keys first[b, t] ..
+    """q [B, T, H, D] over keys k, values v [B, KVH, n, *]; query (b, t) sees keys first[b, t] ..
     first[b, t] + count[b, t] - 1, and keys it does not see must be finite (zeros) -> [B, T, H, Dv]."""
     bsz, t, h, _ = q.shape
     logits = _gqa_logits(q, k, scale)
@@ -134,12 +135,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out.to(q.dtype)
 
 
+def _take_rows(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """cache [slots, KVH, D] viewed as [slots * KVH, D]: rows `rows` [...] -> [..., D]. index_select
+    copies whole rows; advanced indexing with a multi-dim index goes element by element."""
+    flat = cache.reshape(-1, cache.shape[-1])
+    return flat.index_select(0, rows.reshape(-1)).view(*rows.shape, flat.shape[-1])
+
+
 def _attend_group(out: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, table: torch.Tensor,
                   length: torch.Tensor, q_len: torch.Tensor, start: torch.Tensor, bs: int, scale: float,
                   window: int, sinks: torch.Tensor | None) -> None:
     """Sequences b (table [B, blocks], length, q_len, start [B]) into out[start_b : start_b + q_len_b].
     Keys lo0_b .. length_b - 1 (lo0 the window start of the first query) fill a zero-padded
-    [B, N] key block; queries a zero-padded [B, Tq] block."""
+    [B, KVH, N] key block; queries a zero-padded [B, Tq] block."""
     first_pos = length - q_len  # position of each sequence's first query
     lo0 = (first_pos - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(length)
     n_keys = length - lo0
@@ -147,10 +155,13 @@ def _attend_group(out: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor, vf: tor
     seen = j[None, :] < n_keys[:, None]  # [B, N]
     entry = torch.where(seen, lo0[:, None] + j[None, :], 0)
     slots = torch.gather(table, 1, entry // bs) * bs + entry % bs
+    # gathered head-major, [B, KVH, N, D], in one pass: row (slot, head) of the cache viewed as rows
+    kvh = kf.shape[1]
+    rows_kv = (slots * kvh)[:, None, :] + torch.arange(kvh)[None, :, None]  # [B, KVH, N]
     # padded keys read the sequence's key 0; their logits never reach a softmax row (masked or not
     # gathered), but their values are zeroed, so that no 0 * inf can reach a real row's p V
-    k = kf[slots].to(torch.float32)  # [B, N, KVH, D]
-    v = torch.where(seen[:, :, None, None], vf[slots].to(torch.float32), 0.0)
+    k = _take_rows(kf, rows_kv).to(torch.float32)
+    v = torch.where(seen[:, None, :, None], _take_rows(vf, rows_kv).to(torch.float32), 0.0)
     i = torch.arange(int(q_len.max()))
     real = i[None, :] < q_len[:, None]  # [B, Tq]
     rows = torch.where(real, start[:, None] + i[None, :], 0)
