@@ -76,6 +76,11 @@ def _device_name(device_type: str) -> str:
     return _cpu_isa()
 
 
+def op_levels(resolved) -> dict[str, str]:
+    """Each op's declared determinism level, by name."""
+    return {n: c.determinism.name for n, c in resolved.capabilities.ops.items()}
+
+
 def stack_fingerprint(resolved) -> dict[str, str]:
     """What the bits may depend on. Baseline bits are comparable only under an equal fingerprint."""
     import torch
@@ -90,8 +95,7 @@ def stack_fingerprint(resolved) -> dict[str, str]:
         "hal_api": str(HAL_API_MAJOR),
         # the declared determinism per op: a platform in batch-invariant mode (by config or by its
         # own switch) declares other levels and runs other kernels, so other bits
-        "op_levels": hashlib.sha256(json.dumps({n: c.determinism.name for n, c in caps.ops.items()},
-                                               sort_keys=True).encode()).hexdigest()[:12],
+        "op_levels": hashlib.sha256(json.dumps(op_levels(resolved), sort_keys=True).encode()).hexdigest()[:12],
         "torch": torch.__version__,
         # a CPU platform whose every op is portable_bitwise computes the same bits on any CPU, ISA,
         # BLAS and thread count (tests/reference/test_host_independence.py checks the reference)
@@ -129,7 +133,7 @@ def provenance(resolved, engine_settings: dict | None = None) -> dict[str, Any]:
         "host": {"machine": _pyplatform.machine(), "system": _pyplatform.system()},
         "determinism": {
             "platform_config": resolved.config.model_dump(),
-            "op_levels": {n: c.determinism.name for n, c in resolved.capabilities.ops.items()},
+            "op_levels": op_levels(resolved),
             "torch_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
             "torch_threads": torch.get_num_threads(),
             "env": {k: os.environ[k] for k in DETERMINISM_ENV if k in os.environ},
@@ -177,9 +181,26 @@ def update(root: str, data: dict, timeout: float = 300.0) -> str:
 
 
 # ----------------------------------------------------------------------------------- comparison
+def same_stack(baseline: dict, fingerprint: dict, levels: dict[str, str] | None = None) -> bool:
+    """Whether a baseline's bits are comparable with this stack's: an equal fingerprint, or one that
+    differs only by ops added to the contract since the lock (the locked workload cannot have used
+    them) while every op it knew keeps its level. `levels`: this stack's `op_levels`."""
+    prov = baseline.get("provenance", {})
+    locked_fp = prov.get("fingerprint", {})
+    if locked_fp.get("sha256") == fingerprint.get("sha256"):
+        return True
+    locked_levels = prov.get("determinism", {}).get("op_levels")
+    if levels is None or not isinstance(locked_levels, dict):
+        return False
+    others = [k for k in fingerprint if k not in ("sha256", "op_levels")]
+    return (all(locked_fp.get(k) == fingerprint.get(k) for k in others)
+            and all(levels.get(op) == lvl for op, lvl in locked_levels.items()))
+
+
 def compare(baseline: dict | None, current: dict, fingerprint: dict, name: str,
-            root: str) -> CheckResult:
-    """Hold a run's samples (same shape as a baseline body) to the locked baseline."""
+            root: str, levels: dict[str, str] | None = None) -> CheckResult:
+    """Hold a run's samples (same shape as a baseline body) to the locked baseline. `levels`: this
+    stack's `op_levels` (ops added since the lock then do not make the stack another)."""
     from shuili.conformance.compare import Divergence
 
     fix = f"`shuili conformance baseline update --platform {current['platform']} --workload {current['workload']}`"
@@ -188,7 +209,7 @@ def compare(baseline: dict | None, current: dict, fingerprint: dict, name: str,
                            message=f"no baseline at {path_for(root, current['platform'], current['workload'])}; "
                                    f"lock one with {fix}")
     locked_fp = baseline.get("provenance", {}).get("fingerprint", {})
-    same_stack = locked_fp.get("sha256") == fingerprint.get("sha256")
+    comparable = same_stack(baseline, fingerprint, levels)
     for mode, body in current["modes"].items():
         want = baseline["modes"].get(mode)
         if want is None:
@@ -199,7 +220,7 @@ def compare(baseline: dict | None, current: dict, fingerprint: dict, name: str,
                 return CheckResult(name=name, kind="baseline", status="fail",
                                    message=f"{mode} sample {i}: the workload's prompt changed since the "
                                            f"baseline was locked; refresh it with {fix}")
-            if same_stack:
+            if comparable:
                 div = _first_token_divergence(w["token_ids"], g["token_ids"])
                 if div is not None:
                     step, e, t = div
@@ -226,7 +247,7 @@ def compare(baseline: dict | None, current: dict, fingerprint: dict, name: str,
             return CheckResult(name=name, kind="baseline", status="fail",
                                message=f"{mode}: {len(body['samples'])} samples now, "
                                        f"{len(want['samples'])} locked; refresh it with {fix}")
-    if same_stack:
+    if comparable:
         return CheckResult(name=name, kind="baseline", status="pass", level="portable_bitwise (locked)",
                            message=f"token ids and logprob bits equal the baseline locked "
                                    f"{baseline['provenance'].get('created', '?')}")

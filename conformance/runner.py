@@ -64,7 +64,8 @@ def _engine(platform: str, w: workloads.Workload, seed: int, checks, engine_leve
         resolved = resolve_platform(PlatformConfig(platform=platform, batch_invariant=batch_invariant))
         current = engine_check.baseline_body(w, platform, er, engine_check.text_samples(w, platform, batch_invariant))
         results.append(baselines.compare(baselines.load(root, platform, w.name), current,
-                                         baselines.stack_fingerprint(resolved), f"baseline.{w.name}", root))
+                                         baselines.stack_fingerprint(resolved), f"baseline.{w.name}", root,
+                                         baselines.op_levels(resolved)))
     if replay and w.bounded_replay:
         from shuili.conformance import replay as replay_mod
 

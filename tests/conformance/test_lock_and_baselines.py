@@ -164,3 +164,45 @@ def test_baseline_roundtrip_and_compare(tmp_path):
 def test_baseline_names_are_checked(tmp_path):
     with pytest.raises(ValueError, match="cannot name a baseline file"):
         baselines.path_for(str(tmp_path), "../etc", "w")
+
+
+def _ref():
+    from shuili.hal import PlatformConfig, resolve_platform
+
+    return resolve_platform(PlatformConfig(platform="reference"))
+
+
+def test_ops_added_since_a_lock_keep_its_bits_comparable():
+    rp = _ref()
+    fp, levels = baselines.stack_fingerprint(rp), baselines.op_levels(rp)
+    older = dict(levels)
+    new_op = sorted(older)[0]
+    del older[new_op]  # a baseline locked before this op joined the contract
+    locked = {"provenance": {"fingerprint": {**fp, "op_levels": "0ld", "sha256": "0ld"},
+                             "determinism": {"op_levels": older}}}
+    assert baselines.same_stack(locked, fp, levels)
+    assert not baselines.same_stack(locked, fp)  # without this stack's levels: only the hash counts
+    changed = dict(older)
+    op = sorted(changed)[0]
+    changed[op] = "run_to_run" if changed[op] != "run_to_run" else "portable_bitwise"
+    locked["provenance"]["determinism"]["op_levels"] = changed  # an op it used changed its level
+    assert not baselines.same_stack(locked, fp, levels)
+    locked["provenance"]["determinism"]["op_levels"] = older
+    locked["provenance"]["fingerprint"]["torch"] = "0.0"  # another torch: another stack
+    assert not baselines.same_stack(locked, fp, levels)
+
+
+@pytest.mark.parametrize("workload", ["tiny-v4", "tiny-v4-quick", "smollm2-135m", "tiny-v41"])
+def test_committed_reference_baselines_are_compared_bit_for_bit(workload):
+    """The reference's committed baselines must stay comparable (bits, not perplexity): a new op
+    in the contract once made every one of them 'another stack' without anyone noticing."""
+    rp = _ref()
+    root = os.path.join(os.path.dirname(baselines.__file__), "baselines")
+    base = baselines.load(root, "reference", workload)
+    assert base is not None, f"no committed reference baseline for {workload}"
+    fp = baselines.stack_fingerprint(rp)
+    locked = base["provenance"]["fingerprint"]
+    if locked.get("torch") != fp["torch"]:
+        pytest.skip(f"baseline locked under torch {locked.get('torch')}, this is {fp['torch']}")
+    assert baselines.same_stack(base, fp, baselines.op_levels(rp)), \
+        {k: (locked.get(k), fp[k]) for k in fp if locked.get(k) != fp[k]}
