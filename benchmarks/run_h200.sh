@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200: environment, GPU kernel tests, conformance, end to end, kernel roofline.
 #   STAGES="env e2e kernels confbi tests" bash benchmarks/run_h200.sh     (stages run in the order given)
-#   stages not in the default list: conf confcli relock serve spec kvtiers v41conf v41tput tp1
+#   stages not in the default list: conf confcli relock serve spec kvtiers v41conf v41tput tp1 v41graphs qgemm
 # Logs and JSON go to $OUT (or ./h200_out); each stage has a timeout (T_<STAGE> seconds).
 set -u
 OUT=${OUT:-$PWD/h200_out}
@@ -112,6 +112,17 @@ tp1_() {  # the parallel (sharded) code path at TP = 1 against the plain engine,
       --output-len ${TP1_LEN:-32} --json > "$OUT/tp1.json" 2> "$OUT/tp1.err"; echo "rc=$?" >> "$OUT/tp1.err"
   tail -c 2000 "$OUT/tp1.json"; tail -3 "$OUT/tp1.err"
 }
+v41graphs_() {  # mid-v41 decode with CUDA graphs vs eager, bits compared (docs/models.md "Decode graphs")
+  timeout ${T_V41GRAPHS:-300} python3 benchmarks/v41_graphs.py --model mid-v41 --platform nvidia --batch-invariant \
+      --batch ${V41G_BATCH:-64} --json "$OUT/v41_graphs.json" > "$OUT/v41_graphs.txt" 2>&1; echo "rc=$?" >> "$OUT/v41_graphs.txt"
+  tail -15 "$OUT/v41_graphs.txt"
+}
+qgemm_() {  # the opt-in decode GEMMs: tests, op conformance both modes, timings (docs/performance.md)
+  OUT="$OUT/qgemm" T_TESTS=${T_QTESTS:-65} T_CONF=${T_QCONF:-45} T_BENCH=${T_QBENCH:-110} \
+      BENCH_ARGS="${QGEMM_ARGS:---quick}" bash benchmarks/qgemm_h200.sh 2>&1 | tail -40
+}
+# What the open issues still need from the H200, in one list (about 25 minutes with the defaults):
+#   STAGES="env tests qgemm v41conf v41graphs v41tput tp1 kvtiers serve" bash benchmarks/run_h200.sh
 for s in $STAGES; do stamp "$s"; "${s}_"; done
 stamp done
 cat "$OUT/summary.txt"
