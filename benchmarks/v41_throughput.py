@@ -10,9 +10,8 @@ timed separately. For the lead's H200 run of mid-v41; runs on the CPU with tiny-
     PYTHONPATH=. python benchmarks/v41_throughput.py --model tiny-v41 --batch 4 --prompt-len 40 --decode-steps 4
 
 "released" formats: KV rows packed (window MXFP8, compressed KV FP4 e2m1/e4m3-16, indexer keys
-MXFP4), routed experts MXFP4, the other linears FP8 e4m3. The contract's FP8 weight format has
-128 x 128 blocks (the release uses 32 x 32, which the loader decodes to the compute dtype), so the
-FP8 GEMMs here run the contract's fp8_block128 kernels: same bytes per weight, coarser scales.
+MXFP4), routed experts MXFP4, the other linears FP8 e4m3 in 32 x 32 blocks as the release stores
+them (the contract's fp8_block32 format; the loader keeps released checkpoints in it too).
 Prints one JSON object: prefill tokens/s, decode tokens/s at the batch, per-step times, Engram
 gather+upload time (host gather of a decode step's rows and of a prefill chunk's, measured apart
 from the forward) and the Engram service's path counters, with the device, torch and date.
@@ -34,8 +33,7 @@ def _sync(device: str) -> None:
 
 def _quantize(params: dict, cfg) -> dict:
     from shuili.core.models.deepseek_v41_loader import schema
-    from shuili.hal.types import Weight
-    from shuili.platforms.reference.quant import quantize_weight_fp8_block128, quantize_weight_mxfp4
+    from shuili.platforms.reference.quant import quantize_weight_fp8_block32, quantize_weight_mxfp4
 
     sch = schema(cfg)
     out = dict(params)
@@ -43,11 +41,8 @@ def _quantize(params: dict, cfg) -> dict:
         w = params[name]
         if sp.kind == "experts":
             out[name] = quantize_weight_mxfp4(w.data.float())
-        elif sp.kind == "linear":
-            out[name] = quantize_weight_fp8_block128(w.data.float())
-        elif sp.kind == "grouped":
-            q = quantize_weight_fp8_block128(w.data.float())
-            out[name] = Weight(q.format, q.data, q.scale, q.shape)
+        elif sp.kind in ("linear", "grouped"):  # grouped wo_a [G, r, K]: 32x32 blocks per group
+            out[name] = quantize_weight_fp8_block32(w.data.float())
     return out
 
 

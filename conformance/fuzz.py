@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from shuili.hal import numerics
-from shuili.hal.formats import KV_FORMATS, WEIGHT_FORMATS, bytes_per_row
+from shuili.hal.formats import KV_FORMATS, WEIGHT_FORMATS, bytes_per_row, weight_scale_shape
 from shuili.hal.ops import OP_NAMES
 from shuili.hal.types import Weight
 
@@ -89,11 +89,10 @@ def _rows(name_dims: dict[str, int]):
     return make
 
 
-def _fp8_block_weight(rng: Rng, shape: tuple[int, ...]) -> Weight:
-    *lead, n, k = shape
+def _fp8_block_weight(rng: Rng, shape: tuple[int, ...], fmt: str = "fp8_block128") -> Weight:
     data = rng.normal(*shape, std=2.0).clamp(-448, 448).to(torch.float8_e4m3fn)
-    exps = rng.ints(-8, 1, (*lead, math.ceil(n / 128), math.ceil(k / 128)))
-    return Weight("fp8_block128", data, numerics.pow2(exps).to(torch.float32), tuple(shape))
+    exps = rng.ints(-8, 1, weight_scale_shape(fmt, tuple(shape)))
+    return Weight(fmt, data, numerics.pow2(exps).to(torch.float32), tuple(shape))
 
 
 def _mxfp4_weight(rng: Rng, shape: tuple[int, ...]) -> Weight:
@@ -106,8 +105,8 @@ def _mxfp4_weight(rng: Rng, shape: tuple[int, ...]) -> Weight:
 def make_weight(rng: Rng, fmt: str, shape: tuple[int, ...]) -> Weight:
     if fmt == "dense":
         return Weight.dense(rng.normal(*shape, std=shape[-1] ** -0.5))
-    if fmt == "fp8_block128":
-        return _fp8_block_weight(rng, shape)
+    if fmt in ("fp8_block128", "fp8_block32"):
+        return _fp8_block_weight(rng, shape, fmt)
     if fmt == "mxfp4":
         return _mxfp4_weight(rng, shape)
     raise ValueError(f"unknown weight format {fmt!r}; the contract has {WEIGHT_FORMATS}")

@@ -28,8 +28,8 @@ def _h(*tensors) -> str:
 def op_digests() -> dict[str, str]:
     from shuili.hal import numerics
     from shuili.hal.types import Weight
-    from shuili.platforms.reference.public import (OPS, kv_quantize, quantize_weight_fp8_block128,
-                                                   quantize_weight_mxfp4)
+    from shuili.platforms.reference.public import (OPS, kv_quantize, quantize_weight_fp8_block32,
+                                                   quantize_weight_fp8_block128, quantize_weight_mxfp4)
 
     g = torch.Generator().manual_seed(1234)
 
@@ -40,7 +40,7 @@ def op_digests() -> dict[str, str]:
     x = rnd(37, 320) * torch.tensor([2.0 ** (i % 13 - 6) for i in range(320)])
     w = rnd(200, 320, std=0.05)
     for name, wt in (("dense", Weight.dense(w)), ("fp8", quantize_weight_fp8_block128(w)),
-                     ("mxfp4", quantize_weight_mxfp4(w))):
+                     ("mxfp4", quantize_weight_mxfp4(w)), ("fp8_32", quantize_weight_fp8_block32(w))):
         out[f"linear.{name}"] = _h(OPS["linear"](x, wt))
     gs = torch.tensor([10, 0, 27])
     out["grouped_linear"] = _h(OPS["grouped_linear"](x, Weight.dense(rnd(3, 64, 320, std=0.05)), gs))

@@ -41,9 +41,12 @@ class Engine:
             from shuili.core.models import load_model
 
             spec = config.speculative
+            from shuili.core.models.deepseek_v41_loader import gemm_weight_formats
+
             model = load_model(config.model, self.ops, self.device, config.dtype, config.seed,
                                with_mtp=spec is not None and spec.method == "mtp",
-                               with_dspark=spec is not None and spec.method == "dspark")
+                               with_dspark=spec is not None and spec.method == "dspark",
+                               weight_formats=gemm_weight_formats(self.platform.capabilities))
         elif not hasattr(model, "forward"):  # a factory (ops, device, dtype, seed) -> Model
             model = model(self.ops, self.device, config.dtype, config.seed)
         self.model = model

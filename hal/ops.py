@@ -61,8 +61,9 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torc
     """y = x @ W^T (+ bias). x [T, K] compute dtype; W logical [N, K]; returns [T, N] compute dtype.
 
     W.format: "dense" (data in compute dtype), "fp8_block128" (e4m3 data, one power-of-two float32
-    scale per 128x128 block: W[n,k] = data[n,k] * scale[n//128, k//128]) or "mxfp4" (e2m1 nibbles,
-    low nibble first, e8m0 scale per 32 along K). Activations are not quantized. Accumulation at
+    scale per 128x128 block: W[n,k] = data[n,k] * scale[n//128, k//128]), "fp8_block32" (the same
+    with 32x32 blocks, K % 32 == 0: W[n,k] = data[n,k] * scale[n//32, k//32]) or "mxfp4" (e2m1
+    nibbles, low nibble first, e8m0 scale per 32 along K). Activations are not quantized. Accumulation at
     least float32. Reference: dequantize W to float32, then a float32 matmul.
     """
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-WeightFormat = Literal["dense", "fp8_block128", "mxfp4"]
+WeightFormat = Literal["dense", "fp8_block128", "fp8_block32", "mxfp4"]
 
 
 class PlatformInfo(BaseModel):
@@ -44,6 +44,8 @@ class Weight:
     dense        data [N, K] (or [E, N, K]) in the compute dtype; scale None
     fp8_block128 data float8_e4m3fn [N, K]; scale float32 [ceil(N/128), ceil(K/128)]
                  (decoded from the checkpoint's e8m0 bytes, so every scale is a power of two)
+    fp8_block32  the same with 32x32 blocks (DeepSeek-V4.1's dense linears): data float8_e4m3fn
+                 [N, K] with K % 32 == 0; scale float32 powers of two [ceil(N/32), K/32]
     mxfp4        data uint8 [N, K/2], element 2i in the low nibble (e2m1 codes); scale uint8 e8m0
                  [N, K/32], value 2**(byte-127)
     Grouped (MoE) weights put the expert dimension first: data [E, N, ...], scale [E, ...].

@@ -16,10 +16,11 @@ def known_models() -> list[str]:
 
 
 def load_model(name_or_path: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32",
-               seed: int = 0, with_mtp: bool = False, with_dspark: bool = False):
+               seed: int = 0, with_mtp: bool = False, with_dspark: bool = False, weight_formats=None):
     """Build or load a model (with_mtp: DeepSeek-V4's MTP block and its cache; with_dspark:
     DeepSeek-V4.1's DSpark draft layers and their cache; for speculative decoding; other models
-    ignore them). Errors name the problem and the fix."""
+    ignore them; weight_formats: the GEMM weight formats the platform declares, None = all, used by
+    V4.1 checkpoints). Errors name the problem and the fix."""
     if name_or_path in V4_NAMES:
         from shuili.core.models import deepseek_v4
 
@@ -54,7 +55,8 @@ def load_model(name_or_path: str, ops: DispatchTable, device: str = "cpu", dtype
         if model_type in ("deepseek_v41", "deepseek_v41_text"):
             from shuili.core.models import deepseek_v41
 
-            return deepseek_v41.load_checkpoint(name_or_path, ops, device=device, dtype=dtype, with_dspark=with_dspark)
+            return deepseek_v41.load_checkpoint(name_or_path, ops, device=device, dtype=dtype,
+                                                with_dspark=with_dspark, weight_formats=weight_formats)
         raise ValueError(f"{cfg_path}: model_type {model_type!r} is not supported; shuili serves "
                          "deepseek_v4 / deepseek_v41 checkpoints and Llama-family GGUF files")
     raise ValueError(f"unknown model {name_or_path!r}: use one of {', '.join(known_models())}, "

@@ -472,14 +472,17 @@ def build(name: str, ops: DispatchTable, device: str = "cpu", dtype: str = "floa
 
 def load_checkpoint(path: str, ops: DispatchTable, device: str = "cpu", dtype: str = "float32",
                     max_model_len: int | None = None, progress: bool = True, with_dspark: bool = False,
-                    **overrides) -> DeepseekV41Model:
+                    weight_formats=None, **overrides) -> DeepseekV41Model:
     """A directory of config.json + safetensors (released or transformers tensor names); with_dspark
-    also reads the mtp.* DSpark draft layers."""
+    also reads the mtp.* DSpark draft layers. weight_formats: the weight formats the platform's
+    linear / grouped_linear declare (`deepseek_v41_loader.gemm_weight_formats`); FP8 linears in a
+    format outside it are decoded at load. None keeps every stored contract format."""
     from shuili.core.models.deepseek_v41_loader import load_engram, load_params, read_config
     from shuili.core.models.tokenizer import load_tokenizer
 
     cfg = read_config(path, **overrides)
-    params = load_params(path, cfg, device=device, dtype=dtype, progress=progress, with_dspark=with_dspark)
+    params = load_params(path, cfg, device=device, dtype=dtype, progress=progress,
+                         with_dspark=with_dspark, weight_formats=weight_formats)
     import os
 
     # without tokenizer.json the model's byte tokenizer (which also fits a 256-id vocabulary)

@@ -6,7 +6,10 @@ Two namings are read, each through an explicit table (a tensor in neither is an 
   released      the DeepSeek checkpoint (layers.{i}.attn.wq_a..., per-expert experts.{j}.w1/w2/w3)
 Storage (v4_arch.md §4.5): float tensors, FP8 e4m3 linears with one e8m0 scale per 32x32 block
 (`scale` / `weight_scale_inv`), routed experts MXFP4 (int8 nibbles [N, K/2] + e8m0 [N, K/32]).
-FP8 32x32 weights are decoded to the compute dtype at load (exact: e4m3 times a power of two).
+FP8 32x32 linears are kept as stored, in the contract's `fp8_block32` format (e4m3 data, float32
+power-of-two scales), when the platform declares it for linear and grouped_linear (`weight_formats`;
+None = keep); otherwise, or where a 32x32 block would straddle wo_a's groups, they are decoded to the
+compute dtype at load (exact: e4m3 times a power of two; the reference gives the same bits either way).
 """
 from __future__ import annotations
 
@@ -237,7 +240,9 @@ def _random(sch: dict[str, Spec], cfg: V41Config, device: str, dtype: str, g: to
     return out
 
 
-def _as_param(t: torch.Tensor, sp: Spec, cfg: V41Config, dt: torch.dtype):
+def _as_param(t, sp: Spec, cfg: V41Config, dt: torch.dtype):
+    if isinstance(t, Weight):  # kept in a quantized format by the loader
+        return t
     if sp.kind == "f32":
         return t.float()
     if sp.kind == "dense":
@@ -352,6 +357,47 @@ def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple) ->
         raise CheckpointError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
 
 
+# fp8 block shape of quantization_config.weight_block_size -> the contract format that holds it
+_FP8_FORMATS = {(32, 32): "fp8_block32", (128, 128): "fp8_block128"}
+
+
+def fp8_format(block: tuple[int, int], weight_formats=None) -> str | None:
+    """The contract format FP8 linears of `block` are kept in, or None to decode them at load: the
+    block has no contract format, or the platform (its `weight_formats` for linear and
+    grouped_linear; None = every contract format) does not declare it."""
+    fmt = _FP8_FORMATS.get(tuple(block))
+    if fmt is None or (weight_formats is not None and fmt not in weight_formats):
+        return None
+    return fmt
+
+
+def gemm_weight_formats(caps) -> tuple[str, ...]:
+    """Weight formats a platform's capabilities declare for both linear and grouped_linear."""
+    names = [{f.name for f in caps.op(op).formats} for op in ("linear", "grouped_linear")]
+    return tuple(sorted(names[0] & names[1]))
+
+
+def _kept_fp8(fmt: str, w: torch.Tensor, s: torch.Tensor, shape, sp: Spec, cfg: V41Config, device) -> Weight | None:
+    """The stored e4m3 data and e8m0 scales as a `fmt` Weight ([G, r, K] for wo_a), or None where the
+    format cannot hold them (K % 32, or scale blocks straddling wo_a's groups): decode instead."""
+    from shuili.core.models.deepseek_v4_loader import _e8m0_to_f32
+    from shuili.hal.formats import fp8_weight_block
+
+    b = fp8_weight_block(fmt)
+    if fmt == "fp8_block32" and shape[1] % b:
+        return None
+    sf = _e8m0_to_f32(s)
+    if s.dtype == torch.float32 and not bool((torch.frexp(sf)[0].abs() == 0.5).all()):
+        return None  # float32 scales that are not powers of two are outside the contract format
+    sf = sf.to(device)
+    if sp.kind != "grouped":
+        return Weight(fmt, w.to(device), sf, tuple(shape))
+    G, r = cfg.o_groups, cfg.o_lora_rank
+    if r % b:
+        return None
+    return Weight(fmt, w.to(device).reshape(G, r, -1), sf.reshape(G, r // b, -1), (G, r, shape[1]))
+
+
 def _dequant_fp8(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     from shuili.core.models.deepseek_v4_loader import _e8m0_to_f32
 
@@ -361,10 +407,11 @@ def _dequant_fp8(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> to
 
 
 def load_params(path: str, cfg: V41Config, device: str = "cpu", dtype: str = "float32",
-                progress: bool = True, with_dspark: bool = False) -> dict:
+                progress: bool = True, with_dspark: bool = False, weight_formats=None) -> dict:
     """Every tensor of `schema(cfg)` (and of `dspark_schema(cfg)` with_dspark), read by the
     transformers name or the released one (decided by the checkpoint's names); a tensor the backbone
-    does not know is an error naming it. Without with_dspark the mtp.* tensors are skipped unread."""
+    does not know is an error naming it. Without with_dspark the mtp.* tensors are skipped unread.
+    FP8 linears stay in their contract format where `fp8_format(block, weight_formats)` names one."""
     from tqdm import tqdm
 
     ckpt = Checkpoint(path)  # honours model.safetensors.index.json
@@ -385,6 +432,7 @@ def load_params(path: str, cfg: V41Config, device: str = "cpu", dtype: str = "fl
         ignore = _IGNORED_REL
     inv = {v: k for k, v in table.items()}
     block = tuple(cfg.quantization.weight_block_size) if cfg.quantization else (32, 32)
+    keep = fp8_format(block, weight_formats)
     known = set(table)
     expert_re = (re.compile(r"model\.(layers|mtp)\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$") if hf else
                  re.compile(r"(layers|mtp)\.(\d+)\.ffn\.experts\.(\d+)\.(w[123])\.(weight|scale)$"))
@@ -411,14 +459,16 @@ def load_params(path: str, cfg: V41Config, device: str = "cpu", dtype: str = "fl
         raise CheckpointError(f"tensor {name!r} is float8_e4m3fn but the checkpoint has no {base}scale "
                               f"(or {base}weight_scale_inv) for its {block[0]}x{block[1]} blocks")
 
-    def linear(name: str, shape) -> torch.Tensor:
+    def linear(name: str, sp: Spec):
+        shape = sp.shape
         w = get(name)
         if w.dtype == torch.float8_e4m3fn:
             _check(name, w, shape, (torch.float8_e4m3fn,))
             s = scale_of(name)
             want = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
             _check(name[: -len("weight")] + "scale", s, want, (torch.float8_e8m0fnu, torch.uint8, torch.float32))
-            return _dequant_fp8(w, s, block).to(dt)
+            kept = _kept_fp8(keep, w, s, shape, sp, cfg, device) if keep else None
+            return kept if kept is not None else _dequant_fp8(w, s, block).to(dt)
         _check(name, w, shape, _FLOATS + (torch.float8_e4m3fn,))
         return w.to(dt)
 
@@ -429,7 +479,7 @@ def load_params(path: str, cfg: V41Config, device: str = "cpu", dtype: str = "fl
             continue
         src = inv[name]
         if sp.kind in ("linear", "grouped"):
-            t = linear(src, sp.shape)
+            t = linear(src, sp)
         else:
             t = get(src)
             _check(src, t, sp.shape, _FLOATS)

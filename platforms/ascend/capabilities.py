@@ -6,7 +6,11 @@ from __future__ import annotations
 from shuili.hal.capabilities import DeterminismLevel as L, DtypeSupport, OpCapability, PlatformCapabilities
 
 _FLOAT = tuple(DtypeSupport(name=n) for n in ("bfloat16", "float16", "float32"))
+# fp8 weights are emulated (decoded once to the activation dtype): no torch_npu schema multiplies
+# unquantized activations by e4m3 weights with block scales (npu_weight_quant_batchmatmul documents
+# int8/int4 weights; npu_quant_matmul's MXFP8 form quantizes the activations, opt-in below)
 _WEIGHTS = (DtypeSupport(name="dense"), DtypeSupport(name="fp8_block128", support="emulated"),
+            DtypeSupport(name="fp8_block32", support="emulated"),
             DtypeSupport(name="mxfp4", support="emulated"))
 _KV = (DtypeSupport(name="mxfp8"), DtypeSupport(name="fp4_e4m3", support="emulated"),
        DtypeSupport(name="mxfp4", support="emulated"))
@@ -75,7 +79,8 @@ def capabilities(config, family: str = "950") -> PlatformCapabilities:
         level, needs = _level(kind, config)
         if name == "linear" and os.environ.get(MX_GEMM_ENV) == "1" and not config.batch_invariant:
             level, needs = L.none, None
-            kernel += f"; {MX_GEMM_ENV}=1: fp8_block128 via MXFP8 npu_quant_matmul (activations quantized)"
+            kernel += (f"; {MX_GEMM_ENV}=1: fp8_block128 / fp8_block32 via MXFP8 npu_quant_matmul "
+                       "(activations quantized)")
         dtypes = _FLOAT  # paged_attention / indexer_topk reach the NPU kernel only for fp16/bf16
         ops[name] = OpCapability(dtypes=dtypes, formats=_FORMATS.get(name, ()), determinism=level,
                                  determinism_requires=needs,

@@ -1,10 +1,12 @@
 """linear, grouped_linear and the routed experts (npu_moe_init_routing_v2 + npu_grouped_matmul +
 npu_moe_token_unpermute), plus expert selection through npu_moe_gating_top_k.
 
-Quantized weights (fp8_block128, mxfp4) are dequantized once per Weight object to the activation
-dtype (cached; costs that memory) because the HAL contract keeps activations unquantized. The
-native MXFP8 GEMM (npu_dynamic_mx_quant + npu_quant_matmul) quantizes activations, so it is
-opt-in (SHUILI_ASCEND_MX_GEMM=1, fp8_block128 weights on 950; see docs/platforms/ascend.md).
+Quantized weights (fp8_block128, fp8_block32, mxfp4) are dequantized once per Weight object to the
+activation dtype (cached; costs that memory) because the HAL contract keeps activations unquantized.
+The native MXFP8 GEMM (npu_dynamic_mx_quant + npu_quant_matmul) quantizes activations, so it is
+opt-in (SHUILI_ASCEND_MX_GEMM=1, fp8_block128 / fp8_block32 weights on 950; see
+docs/platforms/ascend.md). Both fp8 block sizes become its weight operand losslessly: a
+power-of-two scale per 128x128 or 32x32 block is one e8m0 byte per 1x32 block.
 """
 from __future__ import annotations
 
@@ -27,16 +29,19 @@ SCALAR_TYPE_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
 
 
 def mx_weight(w: Weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp8_block128 -> the MXFP8 weight operand of npu_quant_matmul, losslessly: e4m3 data as
-    x2 [K, N] and the power-of-two block scales re-expressed per 32 along K as e8m0 bytes in the
-    [ceil(K/64), N, 2] layout npu_dynamic_mx_quant produces (cached per Weight)."""
+    """fp8_block128 / fp8_block32 -> the MXFP8 weight operand of npu_quant_matmul, losslessly: e4m3
+    data as x2 [K, N] and the power-of-two block scales re-expressed per 32 along K as e8m0 bytes in
+    the [ceil(K/64), N, 2] layout npu_dynamic_mx_quant produces (cached per Weight)."""
     if w not in _MX:
+        from shuili.hal.formats import fp8_weight_block
+
+        b = fp8_weight_block(w.format)
         n, k = w.data.shape
         exp = torch.log2(w.scale.to(torch.float32))
         if not bool((exp == exp.round()).all()):
-            raise ValueError("fp8_block128 scales must be powers of two to become e8m0")
-        byte = (exp + 127).to(torch.uint8)  # [ceil(N/128), ceil(K/128)]
-        per32 = byte.repeat_interleave(128, 0)[:n].repeat_interleave(4, 1)[:, : -(-k // 32)]
+            raise ValueError(f"{w.format} scales must be powers of two to become e8m0")
+        byte = (exp + 127).to(torch.uint8)  # [ceil(N/b), ceil(K/b)]
+        per32 = byte.repeat_interleave(b, 0)[:n].repeat_interleave(b // 32, 1)[:, : -(-k // 32)]
         kb = per32.shape[1]
         pairs = -(-kb // 2)
         padded = torch.zeros(n, pairs * 2, dtype=torch.uint8, device=w.data.device)
@@ -129,7 +134,8 @@ def build(api, mode) -> dict:
                                     pertoken_scale_dtype=e8m0, group_sizes=[1, 1, 32])
 
     def linear(x, w, bias=None):
-        if (mode.mx_gemm and mode.is_950 and not mode.batch_invariant and w.format == "fp8_block128"
+        if (mode.mx_gemm and mode.is_950 and not mode.batch_invariant
+                and w.format in ("fp8_block128", "fp8_block32")
                 and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16)):
             return _mx_linear(x, w, bias)
         wd = dense_weight(w, x.dtype)

@@ -12,7 +12,7 @@ from shuili.platforms.ascend.host import on_host
 HOST_OPS = ("log_softmax", "apply_penalties", "sample")
 
 
-# opt-in: fp8_block128 linears as MXFP8 x MXFP8 GEMMs (quantizes activations, which the HAL
+# opt-in: fp8_block128 / fp8_block32 linears as MXFP8 x MXFP8 GEMMs (quantizes activations, which the HAL
 # contract does not: results leave the conformance tolerance; for throughput experiments only)
 MX_GEMM_ENV = "SHUILI_ASCEND_MX_GEMM"
 

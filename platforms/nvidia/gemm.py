@@ -1,7 +1,7 @@
 """GEMMs with weights in the checkpoint formats, dequantized in-kernel (weight-only: activations stay
 in the compute dtype, as the contract says), plus the grouped (MoE) variant.
 
-One Triton kernel serves dense, fp8_block128 and mxfp4 weights and plain or grouped rows. It never
+One Triton kernel serves dense, fp8_block128, fp8_block32 and mxfp4 weights and plain or grouped rows. It never
 splits K: every output element is one fixed-order pass over K in BK steps, so a row's result does
 not depend on the other rows of its tile. Batch-invariant mode pins the tile shape (BI_TILE) so the
 same compiled kernel serves every batch; the default mode picks tiles by M and sends dense weights
@@ -22,7 +22,7 @@ from shuili.platforms.nvidia import qgemm
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, interpreting
 from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
 
-FMT_ID = {"dense": 0, "fp8_block128": 1, "mxfp4": 2}
+FMT_ID = {"dense": 0, "fp8_block128": 1, "mxfp4": 2, "fp8_block32": 3}
 BI_TILE = (64, 64, 64)  # BM, BN, BK in batch-invariant mode, for every M
 # batch-invariant split-K: below this many column tiles, K is cut into chunks of at least
 # BI_MIN_KC so that a decode-sized linear (N = 24 .. 2048) is not streamed by a few SMs
@@ -48,14 +48,19 @@ def _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn,
     m = cok[:, None] & kok[None, :]
     if FMT == 0:
         w = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=m, other=0.0).to(a.dtype)
-    elif FMT == 1:
+    elif FMT == 1 or FMT == 3:
         c = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=m, other=0)
         if NATIVE_FP8:
             v = c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         else:
             v = e4m3_to_f32(c)
-        sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + k0 // 128, mask=cok, other=0.0)
-        w = (v * sc[:, None]).to(a.dtype)
+        if FMT == 1:  # 128x128: one scale per row of the tile (BK divides 128, chunks start on 128)
+            sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + k0 // 128, mask=cok, other=0.0)
+            w = (v * sc[:, None]).to(a.dtype)
+        else:  # 32x32: BK / 32 scales per row of the tile, gathered per element (cached loads)
+            sc = tl.load(s_ptr + e * s_se + (cols // 32)[:, None] * s_sn + (kk // 32)[None, :], mask=m,
+                         other=0.0)
+            w = (v * sc).to(a.dtype)
     else:
         byte = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :] // 2, mask=m, other=0)
         nib = (byte.to(tl.int32) >> ((kk[None, :] & 1) * 4)) & 15
@@ -187,7 +192,7 @@ def _weight_args(w: Weight, grouped: bool):
     if w.format == "dense":
         return data, data, s_we, s_wn, 0, 0
     scale = w.scale.contiguous()
-    if w.format == "fp8_block128":
+    if w.format in ("fp8_block128", "fp8_block32"):
         scale = scale.float()
     return data, scale, s_we, s_wn, scale.stride(0) if grouped else 0, scale.stride(-2)
 
@@ -254,8 +259,8 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
            batch_invariant: bool = False) -> torch.Tensor:
     if x.shape[-1] != w.in_features:
         raise ValueError(f"linear: x has {x.shape[-1]} features, weight expects {w.in_features}")
-    if w.format == "mxfp4" and w.in_features % 32:
-        raise ValueError(f"mxfp4 weights need K % 32 == 0, got K={w.in_features}")
+    if w.format in ("mxfp4", "fp8_block32") and w.in_features % 32:
+        raise ValueError(f"{w.format} weights need K % 32 == 0, got K={w.in_features}")
     if w.format == "dense" and not batch_invariant:
         y = torch.matmul(x, w.data.to(x.dtype).t())
         return y + bias.to(y.dtype) if bias is not None else y

@@ -21,7 +21,7 @@ _ACT = tuple(DtypeSupport(name=n) for n in ("bfloat16", "float32"))
 _F32 = (DtypeSupport(name="float32"),)
 # weights and KV codes: SM90 has no FP4 tensor cores, so mxfp4 / fp4 codes are expanded in
 # registers ("emulated"); fp8 e4m3 converts natively on SM89+
-_WEIGHTS = (DtypeSupport(name="dense"), DtypeSupport(name="fp8_block128"),
+_WEIGHTS = (DtypeSupport(name="dense"), DtypeSupport(name="fp8_block128"), DtypeSupport(name="fp8_block32"),
             DtypeSupport(name="mxfp4", support="emulated"))
 _KV = (DtypeSupport(name="mxfp8"), DtypeSupport(name="fp4_e4m3", support="emulated"),
        DtypeSupport(name="mxfp4", support="emulated"))

@@ -38,6 +38,7 @@ OPS.update(SAMPLING_OPS)  # log_softmax, apply_penalties, sample (sampling.py, t
 
 _DENSE = DtypeSupport(name="dense", support="native")
 _WEIGHTS = (_DENSE, DtypeSupport(name="fp8_block128", support="emulated"),
+            DtypeSupport(name="fp8_block32", support="emulated"),
             DtypeSupport(name="mxfp4", support="emulated"))
 _KV = tuple(DtypeSupport(name=f, support="emulated") for f in ("mxfp8", "fp4_e4m3", "mxfp4"))
 _KV_READ = (DtypeSupport(name="none", support="native"),) + _KV

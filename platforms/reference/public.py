@@ -11,7 +11,7 @@ between releases; a helper a backend needs is added here, not imported from its 
   check_counts              all_to_all's count checks (from shuili.hal.distributed, which also
                             holds the one all_to_all of every platform)
   dequantize_weight         any contract weight format -> float32 (exact)
-  quantize_weight_*         test checkpoints in the fp8_block128 / mxfp4 weight formats
+  quantize_weight_*         test checkpoints in the fp8_block128 / fp8_block32 / mxfp4 weight formats
   kv_quantize, kv_dequantize  the KV row formats, bit-exact
 """
 from __future__ import annotations
@@ -20,12 +20,13 @@ from shuili.hal.distributed import check_counts
 from shuili.hal.numerics import silu, tree_sum
 from shuili.platforms.reference.ops import OPS
 from shuili.platforms.reference.quant import (dequantize_weight, kv_dequantize, kv_quantize,
-                                              quantize_weight_fp8_block128, quantize_weight_mxfp4)
+                                              quantize_weight_fp8_block128, quantize_weight_fp8_block32,
+                                              quantize_weight_mxfp4)
 from shuili.platforms.reference.rope import check_rope_args
 from shuili.platforms.reference.sampling import apply_penalties
 
 __all__ = ["OPS", "capabilities", "tree_sum", "silu", "apply_penalties", "check_rope_args", "check_counts",
-           "dequantize_weight", "quantize_weight_fp8_block128", "quantize_weight_mxfp4",
+           "dequantize_weight", "quantize_weight_fp8_block128", "quantize_weight_fp8_block32", "quantize_weight_mxfp4",
            "kv_quantize", "kv_dequantize"]
 
 

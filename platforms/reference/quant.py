@@ -1,5 +1,5 @@
 """Quantization formats, bit-exact: e2m1 / e4m3fn / e8m0 elements, MX and e4m3-scaled FP4 KV rows,
-and the fp8_block128 / mxfp4 weight formats (shuili/reference v4_arch.md sections 3.2 and 4).
+and the fp8_block128 / fp8_block32 / mxfp4 weight formats (shuili/reference v4_arch.md sections 3.2 and 4).
 
 Conventions everywhere:
 * e2m1 codes: bit 3 sign, magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} for codes 0..7; packed two per
@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from shuili.hal.formats import (E2M1_MAX, E4M3_MAX, FP4_E4M3_BLOCK, KV_FORMATS,  # noqa: F401
-                                 MX_BLOCK, WEIGHT_FP8_BLOCK, bytes_per_row)
+                                 MX_BLOCK, WEIGHT_FP8_BLOCK, WEIGHT_FP8_BLOCK32, bytes_per_row,
+                                 check_weight, fp8_weight_block)
 from shuili.hal.types import Weight
 
 MXFP8_AMAX_FLOOR = 1e-4
@@ -169,19 +170,21 @@ def dequantize_weight(w: Weight) -> torch.Tensor:
     """Logical float32 weight ([N, K] or [E, N, K]); exact (every product fits in float32)."""
     if w.format == "dense":
         return w.data.to(torch.float32)
-    if w.format == "fp8_block128":
+    if w.format in ("fp8_block128", "fp8_block32"):
         if w.data.dtype != torch.float8_e4m3fn:
-            raise TypeError(f"fp8_block128 data must be float8_e4m3fn, got {w.data.dtype}")
+            raise TypeError(f"{w.format} data must be float8_e4m3fn, got {w.data.dtype}")
+        b = fp8_weight_block(w.format)
         n, k = w.data.shape[-2:]
-        blocks = (-(-n // WEIGHT_FP8_BLOCK), -(-k // WEIGHT_FP8_BLOCK))
+        if w.format == "fp8_block32":  # the contract's shape rules (K % 32, scale blocks), from hal
+            check_weight(w.format, tuple(w.data.shape), tuple(w.scale.shape), tuple(w.data.shape))
+        blocks = (-(-n // b), -(-k // b))
         if tuple(w.scale.shape[-2:]) != blocks:
-            raise ValueError(f"fp8_block128 scale for [{n}, {k}] must be {blocks}, got "
+            raise ValueError(f"{w.format} scale for [{n}, {k}] must be {blocks}, got "
                              f"{tuple(w.scale.shape)}")
         scale = w.scale
         if scale.dtype == getattr(torch, "float8_e8m0fnu", None):
             scale = e8m0_to_float(scale)
-        return w.data.to(torch.float32) * _expand_blocks(scale.to(torch.float32), n, k,
-                                                          WEIGHT_FP8_BLOCK)
+        return w.data.to(torch.float32) * _expand_blocks(scale.to(torch.float32), n, k, b)
     if w.format == "mxfp4":
         data = _as_u8(w.data)
         n, half = data.shape[-2:]
@@ -191,24 +194,41 @@ def dequantize_weight(w: Weight) -> torch.Tensor:
         vals = e2m1_decode(unpack_nibbles(data))
         scale = e8m0_to_float(w.scale).repeat_interleave(MX_BLOCK, dim=-1)
         return vals * scale
-    raise ValueError(f"unknown weight format {w.format!r}; use dense, fp8_block128 or mxfp4")
+    raise ValueError(f"unknown weight format {w.format!r}; use dense, fp8_block128, fp8_block32 or mxfp4")
+
+
+def _quantize_fp8_blocks(w: torch.Tensor, fmt: str) -> Weight:
+    """float [N, K] or [E, N, K] -> an fp8 block Weight: per b x b block (edge blocks partial)
+    scale = ue8m0 ceil(max(amax, 448 * 2^-126) / 448) as float32, data = e4m3(w / scale)."""
+    if w.dim() not in (2, 3):
+        raise ValueError(f"weights are [N, K] or [E, N, K], got shape {tuple(w.shape)}")
+    b = fp8_weight_block(fmt)
+    wf = w.to(torch.float32)
+    n, k = wf.shape[-2:]
+    bn, bk = -(-n // b), -(-k // b)
+    padded = torch.zeros(*wf.shape[:-2], bn * b, bk * b, device=wf.device)
+    padded[..., :n, :k] = wf.abs()
+    amax = padded.reshape(*wf.shape[:-2], bn, b, bk, b).amax((-3, -1))
+    scale = e8m0_to_float(float_to_e8m0_ceil(amax.clamp_min(E4M3_MAX * 2.0 ** -126) / E4M3_MAX))
+    data = (wf / _expand_blocks(scale, n, k, b)).clamp(-E4M3_MAX, E4M3_MAX)
+    return Weight(fmt, data.to(torch.float8_e4m3fn), scale, tuple(w.shape))
 
 
 def quantize_weight_fp8_block128(w: torch.Tensor) -> Weight:
     """float [N, K] or [E, N, K] -> fp8_block128 Weight: per 128x128 block (edge blocks partial)
     scale = ue8m0 ceil(max(amax, 448 * 2^-126) / 448) as float32, data = e4m3(w / scale).
     """
-    if w.dim() not in (2, 3):
-        raise ValueError(f"weights are [N, K] or [E, N, K], got shape {tuple(w.shape)}")
-    wf = w.to(torch.float32)
-    n, k = wf.shape[-2:]
-    bn, bk = -(-n // WEIGHT_FP8_BLOCK), -(-k // WEIGHT_FP8_BLOCK)
-    padded = torch.zeros(*wf.shape[:-2], bn * WEIGHT_FP8_BLOCK, bk * WEIGHT_FP8_BLOCK, device=wf.device)
-    padded[..., :n, :k] = wf.abs()
-    amax = padded.reshape(*wf.shape[:-2], bn, WEIGHT_FP8_BLOCK, bk, WEIGHT_FP8_BLOCK).amax((-3, -1))
-    scale = e8m0_to_float(float_to_e8m0_ceil(amax.clamp_min(E4M3_MAX * 2.0 ** -126) / E4M3_MAX))
-    data = (wf / _expand_blocks(scale, n, k, WEIGHT_FP8_BLOCK)).clamp(-E4M3_MAX, E4M3_MAX)
-    return Weight("fp8_block128", data.to(torch.float8_e4m3fn), scale, tuple(w.shape))
+    return _quantize_fp8_blocks(w, "fp8_block128")
+
+
+def quantize_weight_fp8_block32(w: torch.Tensor) -> Weight:
+    """float [N, K] or [E, N, K] (K % 32 == 0) -> fp8_block32 Weight: as fp8_block128 with 32x32
+    blocks (the rows' edge block may be partial), DeepSeek-V4.1's dense-linear storage."""
+    if w.dim() in (2, 3):
+        from shuili.hal.formats import weight_scale_shape
+
+        weight_scale_shape("fp8_block32", tuple(w.shape))  # K % 32, named
+    return _quantize_fp8_blocks(w, "fp8_block32")
 
 
 def quantize_weight_mxfp4(w: torch.Tensor) -> Weight:

@@ -103,13 +103,15 @@ def test_moe_route_hash(npu, ref, paths, gen, scoring):
 
 @pytest.mark.parametrize("bi", [False, True])
 def test_linear_formats(npu, npu_bi, ref, gen, bi):
-    from shuili.platforms.reference.quant import quantize_weight_fp8_block128, quantize_weight_mxfp4
+    from shuili.platforms.reference.quant import (quantize_weight_fp8_block32, quantize_weight_fp8_block128,
+                                                  quantize_weight_mxfp4)
 
     ops = npu_bi if bi else npu
     x = torch.randn(19, 64, generator=gen)
     dense = torch.randn(40, 64, generator=gen) * 0.1
     bias = torch.randn(40, generator=gen)
-    for w in (Weight.dense(dense), quantize_weight_fp8_block128(dense), quantize_weight_mxfp4(dense)):
+    for w in (Weight.dense(dense), quantize_weight_fp8_block128(dense), quantize_weight_fp8_block32(dense),
+              quantize_weight_mxfp4(dense)):
         close(ops["linear"](x, w, bias), ref["linear"](x, w, bias), 1e-4)
 
 
@@ -210,17 +212,20 @@ def test_single_rank_collectives(npu, gen):
     assert npu["all_reduce"](x) is x and npu["all_gather"](x) is x
 
 
-def test_opt_in_mxfp8_gemm_is_close_but_quantizes_activations(api, ref, paths, gen, monkeypatch):
+@pytest.mark.parametrize("fmt", ["fp8_block128", "fp8_block32"])
+def test_opt_in_mxfp8_gemm_is_close_but_quantizes_activations(api, ref, paths, gen, monkeypatch, fmt):
     from shuili.platforms.ascend.ops import MX_GEMM_ENV, Mode, build_ops
-    from shuili.platforms.reference.quant import quantize_weight_fp8_block128
+    from shuili.platforms.reference import quant
 
     monkeypatch.setenv(MX_GEMM_ENV, "1")
     ops = build_ops(api, Mode(mx_gemm=True))
-    x = torch.randn(5, 200, generator=gen).to(torch.bfloat16)
-    dense = torch.randn(130, 200, generator=gen) * 0.05
+    x = torch.randn(5, 224, generator=gen).to(torch.bfloat16)
+    dense = torch.randn(130, 224, generator=gen) * 0.05
     dense[:, 128:] *= 16  # distinct block scales, so a scale-layout mistake cannot hide
     dense[128:] *= 0.125
-    w = quantize_weight_fp8_block128(dense)
+    dense[:, 32:64] *= 64  # differs inside one 128-column block: only fp8_block32 keeps it apart
+    dense[32:64, :32] *= 1 / 32
+    w = getattr(quant, f"quantize_weight_{fmt}")(dense)
     bias = torch.randn(130, generator=gen)
     got = ops["linear"](x, w, bias)
     want = ref["linear"](x.float(), w, bias)

@@ -69,10 +69,11 @@ def weight(fmt, shape, seed):
     *lead, n, k = shape
     if fmt == "dense":
         return Weight.dense(rnd(*shape, seed=seed, std=k ** -0.5))
-    if fmt == "fp8_block128":
+    if fmt in ("fp8_block128", "fp8_block32"):
+        b = 128 if fmt == "fp8_block128" else 32
         data = rnd(*shape, seed=seed, std=2.0).clamp(-448, 448).to(torch.float8_e4m3fn)
-        exps = torch.randint(-8, 1, (*lead, math.ceil(n / 128), math.ceil(k / 128)), generator=g(seed))
-        return Weight("fp8_block128", data, torch.pow(2.0, exps.float()), tuple(shape))
+        exps = torch.randint(-8, 1, (*lead, math.ceil(n / b), math.ceil(k / b)), generator=g(seed))
+        return Weight(fmt, data, torch.pow(2.0, exps.float()), tuple(shape))
     data = torch.randint(0, 256, (*lead, n, k // 2), generator=g(seed)).to(torch.uint8)
     scale = torch.randint(118, 126, (*lead, n, k // 32), generator=g(seed + 1)).to(torch.uint8)
     return Weight("mxfp4", data, scale, tuple(shape))
@@ -85,7 +86,7 @@ def on(w: Weight, device, dtype):
     return Weight(w.format, data, None if w.scale is None else w.scale.to(device), w.shape)
 
 
-@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "fp8_block32", "mxfp4"])
 @pytest.mark.parametrize("bi", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear(device, fmt, bi, dtype):
@@ -96,7 +97,7 @@ def test_linear(device, fmt, bi, dtype):
     assert got.dtype == dtype and rel(got, want) < TOL[dtype]
 
 
-@pytest.mark.parametrize("fmt", ["dense", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block32", "mxfp4"])
 def test_linear_batch_invariant(device, fmt):
     w = on(weight(fmt, (96, 128), seed=8), device, DTYPES[-1])
     x = rnd(70, 128, seed=9).to(device, DTYPES[-1])
@@ -105,7 +106,7 @@ def test_linear_batch_invariant(device, fmt):
         assert torch.equal(gemm.linear(x[i:i + 1], w, batch_invariant=True), full[i:i + 1])
 
 
-@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "fp8_block32", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_batch_invariant_split_k(device, fmt, dtype, monkeypatch):
     # small thresholds so K=320 is cut at these small shapes, into chunks of 3 and 2 BK steps: a
@@ -126,7 +127,7 @@ def test_linear_batch_invariant_split_k(device, fmt, dtype, monkeypatch):
         assert torch.equal(one, full[i:i + 1])
 
 
-@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "fp8_block32", "mxfp4"])
 @pytest.mark.parametrize("bi", [False, True])
 @pytest.mark.parametrize("use_qgemm", [True, False])
 def test_grouped_and_moe(device, fmt, bi, use_qgemm, monkeypatch):
@@ -153,7 +154,7 @@ def test_grouped_and_moe(device, fmt, bi, use_qgemm, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 needs the GPU (the interpreter's bf16 is wrong)")
-@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "fp8_block32", "mxfp4"])
 @pytest.mark.parametrize("bi", [False, True])
 def test_moe_bf16_keeps_float32_intermediates(fmt, bi):
     """The contract keeps g, u, silu(g) * u and expert outputs in float32. With bf16 inputs the GPU
@@ -180,7 +181,7 @@ def test_moe_bf16_keeps_float32_intermediates(fmt, bi):
     assert not bad.any(), f"{int(bad.sum())}/{bad.numel()} beyond the bound, max {(got - want).abs().max()}"
 
 
-@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "fp8_block32", "mxfp4"])
 def test_grouped_batch_invariant_split_k(device, fmt, monkeypatch):
     monkeypatch.setattr(gemm, "USE_QGEMM", False)
     monkeypatch.setattr(gemm, "BI_MIN_KC", 64)
@@ -196,6 +197,23 @@ def test_grouped_batch_invariant_split_k(device, fmt, monkeypatch):
     alone = gemm.grouped_linear(x[3:20].to(device), wd, torch.tensor([0, 0, 17, 0, 0]).to(device),
                                 batch_invariant=True)
     assert torch.equal(alone, got[3:20])
+
+
+def test_fp8_block32_scale_per_32_columns_is_read(device):
+    """Negative control for the 32x32 path: scales that differ inside one 128-column span must each
+    reach their own 32 columns (a kernel reading the 128x128 scale index would pass a uniform-scale
+    test), and K % 32 != 0 is refused with the rule named."""
+    data = torch.ones(40, 128).to(torch.float8_e4m3fn)
+    scale = torch.tensor([[1.0, 2.0, 4.0, 8.0], [16.0, 0.5, 0.25, 1.0]])
+    w = Weight("fp8_block32", data, scale, (40, 128))
+    x = torch.zeros(1, 128)
+    x[0, 0], x[0, 33], x[0, 127] = 1.0, 1.0, 1.0  # columns in blocks 0, 1 and 3
+    got = gemm.linear(x.to(device), on(w, device, torch.float32)).cpu()
+    assert got[0, :32].tolist() == [1.0 + 2.0 + 8.0] * 32 and got[0, 32:].tolist() == [16.0 + 0.5 + 1.0] * 8
+    assert torch.equal(got, REF["linear"](x, w))
+    bad = Weight("fp8_block32", torch.ones(8, 48).to(torch.float8_e4m3fn), torch.ones(1, 2), (8, 48))
+    with pytest.raises(ValueError, match=r"fp8_block32 weights need K % 32 == 0, got K=48"):
+        gemm.linear(torch.zeros(1, 48).to(device), on(bad, device, torch.float32))
 
 
 # ----------------------------------------------------------------------------------- attention
@@ -485,7 +503,7 @@ def test_sample_wide_vocab_chunks(device):
     assert not torch.equal(moved.cpu(), fast.cpu())
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["fp8_block128", "fp8_block32", "mxfp4"])
 def test_quantized_decode_split_k(device, fmt, monkeypatch):
     """Default mode cuts K for quantized weights at decode sizes (fill_split); the split result
     stays within tolerance of the reference, plain and grouped, and is the same run to run."""

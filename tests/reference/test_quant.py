@@ -171,6 +171,55 @@ def test_fp8_block128_weight(gen):
     assert zero.scale.shape == (2, 1, 1) and torch.equal(Q.dequantize_weight(zero), torch.zeros(2, 3, 5))
 
 
+def test_fp8_block32_weight(gen):
+    w = torch.randn(70, 96, generator=gen)
+    w[0, 0] = 448.0 * 4  # block (0, 0): amax 1792 -> scale 4; block (0, 1) keeps its own scale
+    w[40, 33] = -448.0 / 8  # block (1, 1): amax 56 -> scale 1/8
+    qw = Q.quantize_weight_fp8_block32(w)
+    assert qw.format == "fp8_block32" and qw.shape == (70, 96)
+    assert qw.data.dtype == torch.float8_e4m3fn and qw.scale.shape == (3, 3)  # rows' edge block partial
+    assert qw.scale.dtype == torch.float32 and qw.scale[0, 0] == 4.0 and qw.scale[1, 1] == 0.125
+    assert qw.scale[0, 1] < 1.0 and all(math.log2(s).is_integer() for s in qw.scale.flatten().tolist())
+    deq = Q.dequantize_weight(qw)
+    want = torch.empty(70, 96, dtype=torch.float64)
+    for n in range(70):
+        for kb in range(3):
+            seg = qw.data[n, kb * 32:(kb + 1) * 32].view(torch.uint8).tolist()
+            want[n, kb * 32:(kb + 1) * 32] = torch.tensor(
+                [_e4m3_value(b) for b in seg], dtype=torch.float64) * float(qw.scale[n // 32, kb])
+    assert torch.equal(deq.double(), want)
+    unit = qw.scale.repeat_interleave(32, 0)[:70].repeat_interleave(32, 1)
+    assert ((deq - w).abs() <= w.abs() * 2.0 ** -4 + unit * 2.0 ** -10).all()
+    # the 32x32 blocks are finer than 128x128: no worse anywhere, here strictly better in total
+    d128 = Q.dequantize_weight(Q.quantize_weight_fp8_block128(w))
+    assert (deq - w).abs().sum() < (d128 - w).abs().sum()
+    q3 = Q.quantize_weight_fp8_block32(torch.randn(2, 40, 64, generator=gen))
+    assert q3.scale.shape == (2, 2, 2)
+
+
+def test_fp8_block32_rejects_bad_shapes(gen):
+    from shuili.hal.formats import check_weight, weight_bytes, weight_scale_shape
+
+    with pytest.raises(ValueError, match=r"fp8_block32 weights need K \(in_features\) % 32 == 0, got K=40"):
+        Q.quantize_weight_fp8_block32(torch.randn(64, 40, generator=gen))
+    qw = Q.quantize_weight_fp8_block32(torch.randn(64, 64, generator=gen))
+    bad = Weight("fp8_block32", qw.data, qw.scale[:1], qw.shape)
+    with pytest.raises(ValueError, match=r"fp8_block32 scale for logical \(64, 64\) must be \(2, 2\), got \(1, 2\)"):
+        Q.dequantize_weight(bad)
+    odd_k = Weight("fp8_block32", torch.zeros(64, 48).to(torch.float8_e4m3fn), torch.ones(2, 2), (64, 48))
+    with pytest.raises(ValueError, match=r"K \(in_features\) % 32 == 0, got K=48"):
+        Q.dequantize_weight(odd_k)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        Q.dequantize_weight(Weight("fp8_block32", qw.data.float(), qw.scale, qw.shape))
+    assert weight_scale_shape("fp8_block32", (3, 70, 96)) == (3, 3, 3)
+    assert weight_scale_shape("fp8_block128", (70, 96)) == (1, 1)
+    assert weight_bytes("fp8_block32", (64, 64)) == 64 * 64 + 4 and weight_bytes("dense", (2, 3)) == 12
+    assert weight_bytes("mxfp4", (2, 64)) == 64 + 4
+    check_weight("fp8_block32", (64, 64), (2, 2), (64, 64))
+    with pytest.raises(ValueError, match=r"data for logical \(64, 64\) must be \(64, 64\)"):
+        check_weight("fp8_block32", (64, 32), (2, 2), (64, 64))
+
+
 def test_mxfp4_weight_layout(gen):
     w = torch.zeros(2, 64)
     w[0, :2] = torch.tensor([1.0, 6.0])
@@ -186,9 +235,9 @@ def test_mxfp4_weight_layout(gen):
     assert torch.equal(Q.dequantize_weight(as_i8), Q.dequantize_weight(q3))
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block128", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["fp8_block128", "fp8_block32", "mxfp4"])
 def test_quantized_gemm_ops_use_the_decoded_weight(ops, gen, fmt):
-    quantize = Q.quantize_weight_fp8_block128 if fmt == "fp8_block128" else Q.quantize_weight_mxfp4
+    quantize = getattr(Q, f"quantize_weight_{fmt}")
     w = torch.randn(48, 64, generator=gen)
     qw = quantize(w)
     deq = Q.dequantize_weight(qw).double()
