@@ -431,9 +431,8 @@ class Engram:
     def _static_views(self, dev: torch.device) -> dict[int, tuple[torch.Tensor, ...]]:
         if self._static_dev == dev:
             return self._uva
-        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("Engram tables must be mapped before a decode graph is captured (a warm-up "
-                               "run maps them)")
+        # mapping must not happen while a graph records: the platform's capture runs warm-up
+        # forwards first (platforms/nvidia/graphs.py), and the first of them maps the tables here
         self._dev_hasher = self.host_hasher.to(dev)
         for lid in self.spec.layer_ids:
             if lid in self._uva:
