@@ -154,12 +154,13 @@ def _attend_group(out: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor, vf: tor
     j = torch.arange(int(n_keys.max()))
     seen = j[None, :] < n_keys[:, None]  # [B, N]
     entry = torch.where(seen, lo0[:, None] + j[None, :], 0)
-    slots = torch.gather(table, 1, entry // bs) * bs + entry % bs
+    # padded keys read slot 0 of the cache: entry 0's block may be gone (-1, a slid-out window block)
+    slots = torch.where(seen, torch.gather(table, 1, entry // bs) * bs + entry % bs, 0)
     # gathered head-major, [B, KVH, N, D], in one pass: row (slot, head) of the cache viewed as rows
     kvh = kf.shape[1]
     rows_kv = (slots * kvh)[:, None, :] + torch.arange(kvh)[None, :, None]  # [B, KVH, N]
-    # padded keys read the sequence's key 0; their logits never reach a softmax row (masked or not
-    # gathered), but their values are zeroed, so that no 0 * inf can reach a real row's p V
+    # padded keys' logits never reach a softmax row (masked or not gathered), but their values are
+    # zeroed, so that no 0 * inf can reach a real row's p V
     k = _take_rows(kf, rows_kv).to(torch.float32)
     v = torch.where(seen[:, None, :, None], _take_rows(vf, rows_kv).to(torch.float32), 0.0)
     i = torch.arange(int(q_len.max()))
