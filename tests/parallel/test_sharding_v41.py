@@ -110,7 +110,9 @@ def test_quantized_released_checkpoint_shards(tmp_path):
         else:
             out[name] = t
     L.save_checkpoint(str(tmp_path), cfg, out, shards=2, nested=True)
-    whole = L.load_params(str(tmp_path), cfg, progress=False)
+    # the sharded loader decodes FP8 linears at load (it does not keep fp8_block32 yet): the whole
+    # model to slice is read the same way, as for a platform that declares no FP8 format
+    whole = L.load_params(str(tmp_path), cfg, progress=False, weight_formats=("dense", "mxfp4"))
     slots = Placement.contiguous(cfg.num_hidden_layers, cfg.n_routed_experts, 2).local(1)
     plan = ShardPlanV41(cfg, 2, 1, True, slots)
     got = load_sharded_v41(str(tmp_path), plan)
