@@ -81,13 +81,16 @@ class ReplayByRerun:
     """capture(fn) -> replay, device-free. The warm-up run on all-padding inputs must write nothing;
     replays run under the host-read guard and record op shapes per capture (one signature each)."""
 
-    def __init__(self, guard: _Guard | None = None, ops: _Ops | None = None):
+    def __init__(self, guard: _Guard | None = None, ops: _Ops | None = None, fail: bool = False):
         self.caches = None
         self.captured = 0
         self.guard, self.ops = guard, ops
+        self.fail = fail  # stand in for a capture the device refuses
         self.signatures: dict[int, set] = {}
 
     def __call__(self, fn):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
         before = {n: [t.clone() for t in ts] for n, ts in self.caches.items()}
         fn()
         for n, ts in self.caches.items():

@@ -10,31 +10,12 @@ from __future__ import annotations
 
 import pytest
 from core_helpers import PLATFORM, bits
+from static_guard import ReplayByRerun
 
 from shuili import LLM, SamplingParams
 from shuili.core.graphs import BATCH_BUCKETS, DecodeGraphs, batch_bucket, width_bucket
 
 pytestmark = pytest.mark.slow
-
-
-class ReplayByRerun:
-    """capture(fn) -> replay, device-free. The warm-up run on all-padding inputs must write nothing."""
-
-    def __init__(self, fail: bool = False):
-        self.caches = None
-        self.captured = 0
-        self.fail = fail
-
-    def __call__(self, fn):
-        if self.fail:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        before = {n: [t.clone() for t in ts] for n, ts in self.caches.items()}
-        fn()
-        for n, ts in self.caches.items():
-            for a, b in zip(before[n], ts):
-                assert a.equal(b), f"a padding-only step wrote cache group {n}"
-        self.captured += 1
-        return fn
 
 
 def make(graphs: bool, capture=None, **kw):

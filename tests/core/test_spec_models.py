@@ -82,7 +82,7 @@ def test_v4_mtp_accepts_some_drafts(v4_ref):
 
 @pytest.mark.skipif(PLATFORM != "reference", reason="uses the device-free graph stand-in")
 def test_v4_mtp_with_decode_graphs(v4_ref):
-    from test_graphs_v4 import ReplayByRerun
+    from static_guard import ReplayByRerun
 
     from shuili.core.graphs import DecodeGraphs
 
