@@ -50,6 +50,8 @@ class Engine:
         elif not hasattr(model, "forward"):  # a factory (ops, device, dtype, seed) -> Model
             model = model(self.ops, self.device, config.dtype, config.seed)
         self.model = model
+        if hasattr(model, "attach_transfer"):  # before _graphs: static decode may need map_host
+            model.attach_transfer(self.platform.transfer)
         self.tokenizer = model.tokenizer
         self.max_model_len = self._max_len(config, model)
         groups = model.cache_groups()

@@ -174,6 +174,12 @@ class DeepseekV41Model:
         tables, `Engram.static_rows`): always without Engram, else where the tables can be mapped."""
         return self.engram is None or self.engram.static_capable
 
+    def attach_transfer(self, transfer) -> None:
+        """The engine hands over its platform's transfer service: Engram uploads through it, and
+        static (graph) decode on an accelerator needs its `map_host` to read the tables' host pages."""
+        if self.engram is not None:
+            self.engram.transfer = transfer
+
     def __init__(self, cfg: V41Config, ops: DispatchTable, params: dict, device: str = "cpu",
                  dtype: str = "float32", max_model_len: int | None = None, tokenizer=None, engram=None,
                  with_dspark: bool = False):

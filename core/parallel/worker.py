@@ -80,6 +80,8 @@ class RankRuntime:
             if kind == "init":
                 num_blocks, self.P = msg[1]
                 groups = self.model.cache_groups()
+                if hasattr(self.model, "attach_transfer"):
+                    self.model.attach_transfer(self.platform.transfer)
                 self.runner = ModelRunner(self.model, self.platform.ops, groups, num_blocks,
                                           self.P, self.platform.device, None, self.platform.transfer)
                 self.num_blocks = num_blocks

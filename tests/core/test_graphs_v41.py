@@ -172,3 +172,24 @@ def test_padding_rows_see_no_index_entry():
     assert llm.engine.runner.graphs.capture_all() > 0
     assert {r for r, _ in seen} == {1, 2}  # both KV-source ratios were indexed
     assert max(n for _, n in seen) == 0
+
+
+def test_engine_hands_its_transfer_to_engram_so_static_decode_can_map_host_pages():
+    """On an accelerator a V4.1 model with Engram captures decode graphs only if Engram can map the
+    tables' host pages through the platform's transfer service; the H200 run found it never got one
+    (no graphs, silently eager). A device-typed Engram with the engine's transfer is static-capable;
+    without it, it is not (the negative control)."""
+    llm = LLM(model="tiny-v41", enforce_eager=True)
+    model, transfer = llm.engine.model, llm.engine.platform.transfer
+    assert model.engram.transfer is transfer
+
+    class Mapping:  # what an accelerator's transfer service offers
+        def map_host(self, array, device):
+            raise AssertionError("not called by static_capable")
+
+    engram = model.engram
+    engram.device = torch.device("meta")  # any non-CPU device: the host pages must be mapped
+    engram.transfer = None
+    assert not engram.static_capable and not model.supports_static_decode
+    model.attach_transfer(Mapping())
+    assert engram.static_capable and model.supports_static_decode
