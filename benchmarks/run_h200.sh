@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200: environment, GPU kernel tests, conformance, end to end, kernel roofline.
 #   STAGES="env e2e kernels confbi tests" bash benchmarks/run_h200.sh     (stages run in the order given)
-#   stages not in the default list: conf confcli relock serve spec kvtiers v41conf v41tput tp1 v41graphs qgemm
+#   stages not in the default list: conf confcli relock serve spec kvtiers v41conf v41tput tp1 v41graphs qgemm cpudigest
 # Logs and JSON go to $OUT (or ./h200_out); each stage has a timeout (T_<STAGE> seconds).
 set -u
 OUT=${OUT:-$PWD/h200_out}
@@ -74,7 +74,8 @@ confops_() {  # op-level conformance of the ops in OPS (default + batch-invarian
   grep -E "conformance of|FAIL|ERROR|rc=" "$OUT/conf_ops_bi.txt" | tail -8
 }
 serve_() {  # shuili serve with mid-v4 on nvidia under serve_load.py's Poisson clients (docs/serving.md)
-  echo '{"tokens_per_block": 128}' > /tmp/serve_cfg.json
+  local cfg='{"tokens_per_block": 128, "kv_cache_bytes": 17179869184}'  # 16 GiB: window state for 64 sequences
+  echo "${SERVE_CFG:-$cfg}" > /tmp/serve_cfg.json
   timeout ${T_SERVE:-420} python3 benchmarks/serve_load.py --model mid-v4 --platform nvidia \
       --server-args "--config /tmp/serve_cfg.json --max-model-len 1024 --max-num-seqs 64" \
       --clients ${SERVE_CLIENTS:-64} --rate ${SERVE_RATE:-8} --disconnect 0.2 --output-len 64 --seed 0 \
@@ -120,6 +121,25 @@ v41graphs_() {  # mid-v41 decode with CUDA graphs vs eager, bits compared (docs/
 qgemm_() {  # the opt-in decode GEMMs: tests, op conformance both modes, timings (docs/performance.md)
   OUT="$OUT/qgemm" T_TESTS=${T_QTESTS:-65} T_CONF=${T_QCONF:-45} T_BENCH=${T_QBENCH:-110} \
       BENCH_ARGS="${QGEMM_ARGS:---quick}" bash benchmarks/qgemm_h200.sh 2>&1 | tail -40
+}
+cpudigest_() {  # issue 13 on another host: the reference oracle's digests on this machine's CPU (AVX-512 where it
+  # has it) under several capabilities and thread counts, against EXPECT (a host_digest JSON from another host)
+  grep -m1 "model name" /proc/cpuinfo; grep -o -m1 -w avx512f /proc/cpuinfo || echo "no avx512f"
+  for v in default:1 avx2:4 $(grep -q -m1 -w avx512f /proc/cpuinfo && echo avx512:16); do
+    CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY=${v%%:*} timeout ${T_DIGEST:-120} python3 -m shuili.conformance.host_digest \
+        --threads ${v##*:} > "$OUT/digest_${v%%:*}.json" 2> "$OUT/digest_${v%%:*}.err" || tail -3 "$OUT/digest_${v%%:*}.err"
+  done
+  python3 - "$OUT" "${EXPECT:-.whl/digest_expect.json}" <<'PY'
+import json, os, sys
+out, expect = sys.argv[1], sys.argv[2]
+runs = {f: json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out)) if f.startswith("digest_") and f.endswith(".json") and os.path.getsize(os.path.join(out, f))}
+ref = json.load(open(expect)) if os.path.exists(expect) else None
+for f, d in runs.items():
+    keys = [k for k in d if k != "_host"]
+    print(f, d["_host"], "parts", len(keys), "differ from first run:", [k for k in keys if d[k] != next(iter(runs.values())).get(k)],
+          "differ from EXPECT:", None if ref is None else [k for k in keys if k in ref and d[k] != ref[k]],
+          "EXPECT host:", None if ref is None else ref.get("_host"))
+PY
 }
 # What the open issues still need from the H200, in one list (about 25 minutes with the defaults):
 #   STAGES="env tests qgemm v41conf v41graphs v41tput tp1 kvtiers serve" bash benchmarks/run_h200.sh
