@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 import time
 
 import torch
@@ -91,14 +92,23 @@ def main() -> None:
         res[name] = r
         print(name, {k: v for k, v in r.items() if k != "engram_stats"}, flush=True)
     res["bits_equal_to_eager"] = {n: outs[n] == outs["eager"] for n in outs if n != "eager"}
+    failed = [n for n, same in res["bits_equal_to_eager"].items() if not same]
     for n in ("graphs", "graphs_overlap"):
         base = n.replace("graphs", "eager")
         if n in res and base in res:
-            res[f"{n}_decode_speedup"] = res[n]["decode_tok_s"] / res[base]["decode_tok_s"]
+            g = res[n]["graphs"]
+            # a graphs variant that silently ran eagerly must not report a speedup (H200, 2026-12-03)
+            res[f"{n}_engaged"] = bool(g) and g["disabled"] is None and g["replays"] > 0
+            if res[f"{n}_engaged"]:
+                res[f"{n}_decode_speedup"] = res[n]["decode_tok_s"] / res[base]["decode_tok_s"]
+            else:
+                failed.append(f"{n} (no graph replays: {g})")
     print(json.dumps(res, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
+    if failed:
+        sys.exit(f"FAILED: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
