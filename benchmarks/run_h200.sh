@@ -141,8 +141,13 @@ for f, d in runs.items():
           "EXPECT host:", None if ref is None else ref.get("_host"))
 PY
 }
-# What the open issues still need from the H200, in one list (about 25 minutes with the defaults):
-#   STAGES="env tests qgemm v41conf v41graphs v41tput tp1 kvtiers serve" bash benchmarks/run_h200.sh
+# What the open issues still need from the H200 after the run of 2026-12-03 20:33 UTC (docs/performance.md),
+# about 8 minutes: V4.1 decode graphs on the GPU (the transfer fix, 651419d), then mid-v4 released-format decode
+# through captured graphs with the opt-in quantized GEMMs (what flipping them on by default waits for), then the
+# disk tier's TTFT after it reads only what a hit uses:
+#   T_TESTS=100 TESTS="tests/nvidia/test_graphs.py -k v41" STAGES="env tests v41graphs" bash benchmarks/run_h200.sh
+#   SHUILI_NVIDIA_QGEMM=1 CTX_ARGS="--formats released --batches 64 --ctx 1024 --iters 10" STAGES="ctx kvtiers" \
+#     bash benchmarks/run_h200.sh
 for s in $STAGES; do stamp "$s"; "${s}_"; done
 stamp done
 cat "$OUT/summary.txt"
