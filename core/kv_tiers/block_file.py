@@ -6,7 +6,10 @@ some groups (a hit needs a sliding group's block only inside the last window, do
 reads the header and those sections and nothing else. The header names the content address, the
 fingerprint, the chained block hash, each section's (group, dtype, shape, offset, bytes, sha256),
 the payload's total length (a file of another length is truncated or corrupt, checked from its size
-alone), and who wrote it when. `read` accepts a section only if all of that checks out.
+alone), and who wrote it when. Sections start at multiples of ALIGN; a section's checksum covers its
+zero padding, so every payload byte is under exactly one checksum. `read` accepts a section only if
+all of that checks out, and reads each run of adjacent sections with one read into one buffer that
+the returned tensors share (no copy after the read).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import torch
 MAGIC = b"SHUILIKV"
 VERSION = 2
 _FIXED = struct.Struct("<8sII")
+ALIGN = 64  # section offsets in the payload
 HEAD_READ = 4096  # the first read: the fixed part and the header (about 150 bytes a group), more if needed
 
 
@@ -36,14 +40,18 @@ def _dtype_name(dt: torch.dtype) -> str:
 
 def encode(key: str, fingerprint: str, chain_hash: bytes, blocks: dict[str, torch.Tensor],
            created: float, writer: str) -> bytes:
-    """Sections in the order of `blocks` (the caller puts groups read together next to each other)."""
+    """Sections in the order of `blocks` (the caller puts groups read together next to each other),
+    each at a multiple of ALIGN in the payload, so a run of them read into one buffer gives every
+    group's tensor in place (a dtype view needs an aligned offset)."""
     parts, sections, off = [], [], 0
     for name, t in blocks.items():
         t = t.contiguous()
         raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        sections.append([name, _dtype_name(t.dtype), list(t.shape), off, len(raw), hashlib.sha256(raw).hexdigest()])
-        parts.append(raw)
-        off += len(raw)
+        pad = bytes(-len(raw) % ALIGN)  # covered by the section's checksum: every payload byte is
+        sections.append([name, _dtype_name(t.dtype), list(t.shape), off, len(raw),
+                         hashlib.sha256(raw + pad).hexdigest()])
+        parts += [raw, pad]
+        off += len(raw) + len(pad)
     header = json.dumps({"key": key, "fingerprint": fingerprint, "chain_hash": chain_hash.hex(),
                          "sections": sections, "payload_bytes": off, "created": created, "writer": writer},
                         sort_keys=True).encode()
@@ -75,18 +83,18 @@ def _header_len(head: bytes) -> int:
     return _FIXED.size + _FIXED.unpack_from(head)[2] + 32 if len(head) >= _FIXED.size else 0
 
 
-def read(pread, size: int, key: str, fingerprint: str,
+def read(readinto, size: int, key: str, fingerprint: str,
          expect: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> tuple[dict[str, torch.Tensor], int]:
     """The sections `expect` names (group -> (shape, dtype) it must hold), verified, and the number
-    of bytes read; BlockFileError otherwise. `pread(n, offset) -> bytes` reads the file (or object)
-    of `size` bytes: a file descriptor's pread, or a ranged GET of a remote store. Sections not in
-    `expect` are neither read nor checked."""
-    head = pread(min(size, HEAD_READ), 0)
+    of bytes read; BlockFileError otherwise. `readinto(buffer, offset) -> bytes read` reads the file
+    (or object) of `size` bytes: a file descriptor's preadv, or a ranged GET of a remote store.
+    Sections not in `expect` are neither read nor checked."""
+    head = _read(readinto, min(size, HEAD_READ), 0)
     need = _header_len(head)
     if len(head) < need <= size:
-        head += pread(need - len(head), len(head))
+        head += _read(readinto, need - len(head), len(head))
     nread = len(head)
-    meta, at = read_header(head)
+    meta, at = read_header(bytes(head))
     if meta.get("fingerprint") != fingerprint:
         raise BlockFileError("foreign", f"written under fingerprint {meta.get('fingerprint')!r}")
     if meta.get("key") != key:
@@ -108,28 +116,48 @@ def read(pread, size: int, key: str, fingerprint: str,
         if tuple(shape) != tuple(want_shape) or dt != _dtype_name(want_dt):
             raise BlockFileError("corrupt", f"group {name}: {dt}{shape}, expected {_dtype_name(want_dt)}"
                                  f"{list(want_shape)}")
-        if n != _numel(shape) * want_dt.itemsize or off < 0 or off + n > whole - at:
+        if n != _numel(shape) * want_dt.itemsize or off % ALIGN or off < 0 or off + _padded(n) > whole - at:
             raise BlockFileError("corrupt", f"group {name}: section [{off}, {off + n}) does not fit")
     out = {}
     for run in _runs(want):
-        lo, hi = at + run[0][3], at + run[-1][3] + run[-1][4]
+        lo, hi = at + run[0][3], at + run[-1][3] + _padded(run[-1][4])
+        buf = bytearray(hi - lo)  # one read per run of adjacent sections, into the tensors' memory
         have = min(max(len(head) - lo, 0), hi - lo)  # the first read may hold the run's start
-        buf = head[lo:lo + have]
-        if have < hi - lo:  # one read per run of adjacent sections
-            rest = pread(hi - lo - have, lo + have)
-            nread += len(rest)
-            if len(rest) != hi - lo - have:
-                raise BlockFileError("truncated", f"read {len(rest)} of {hi - lo - have} bytes at {lo + have}")
-            buf += rest
-        base = at + run[0][3]
+        buf[:have] = head[lo:lo + have]
+        if have < hi - lo:
+            got = _fill(readinto, memoryview(buf)[have:], lo + have)
+            nread += got
+            if got != hi - lo - have:
+                raise BlockFileError("truncated", f"read {got} of {hi - lo - have} bytes at {lo + have}")
+        view = memoryview(buf)
         for name, _, shape, off, n, sha in run:
-            raw = buf[at + off - base:at + off - base + n]
-            if hashlib.sha256(raw).hexdigest() != sha:
+            o = off - run[0][3]
+            if hashlib.sha256(view[o:o + _padded(n)]).hexdigest() != sha:
                 raise BlockFileError("corrupt", f"section {name}: checksum mismatch")
             dt = expect[name][1]
-            out[name] = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dt).view(tuple(shape)) if n else \
-                torch.empty(tuple(shape), dtype=dt)
+            out[name] = torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=o).view(dt).view(tuple(shape)) \
+                if n else torch.empty(tuple(shape), dtype=dt)
     return out, nread
+
+
+def _fill(readinto, view: memoryview, offset: int) -> int:
+    """Read until `view` is full or the file ends (a read may return less than asked)."""
+    done = 0
+    while done < len(view):
+        n = readinto(view[done:], offset + done)
+        if n <= 0:
+            break
+        done += n
+    return done
+
+
+def _read(readinto, n: int, offset: int) -> bytearray:
+    buf = bytearray(n)
+    return buf[:_fill(readinto, memoryview(buf), offset)]
+
+
+def _padded(n: int) -> int:
+    return n + (-n % ALIGN)
 
 
 def _numel(shape) -> int:
@@ -140,10 +168,10 @@ def _numel(shape) -> int:
 
 
 def _runs(sections: list[list]) -> list[list[list]]:
-    """Sections sorted by offset -> runs of contiguous ones (each run is one read)."""
+    """Sections sorted by offset -> runs of adjacent ones (each run is one read)."""
     runs: list[list[list]] = []
     for s in sections:
-        if runs and runs[-1][-1][3] + runs[-1][-1][4] == s[3]:
+        if runs and runs[-1][-1][3] + _padded(runs[-1][-1][4]) == s[3]:
             runs[-1].append(s)
         else:
             runs.append([s])
@@ -153,4 +181,9 @@ def _runs(sections: list[list]) -> list[list[list]]:
 def decode(data: bytes, key: str, fingerprint: str,
            expect: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
     """`read` over a whole file in memory."""
-    return read(lambda n, off: data[off:off + n], len(data), key, fingerprint, expect)[0]
+    def readinto(view: memoryview, off: int) -> int:
+        chunk = data[off:off + len(view)]
+        view[:len(chunk)] = chunk
+        return len(chunk)
+
+    return read(readinto, len(data), key, fingerprint, expect)[0]

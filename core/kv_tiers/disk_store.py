@@ -114,8 +114,8 @@ class DiskStore:
                     return None
                 # the header, then only the sections asked for (a rename over the name meanwhile
                 # does not matter: this descriptor keeps reading the one file it opened)
-                blocks, nread = read(lambda n, off: os.pread(fd, n, off), st.st_size, key, self.fingerprint,
-                                     expect)
+                blocks, nread = read(lambda view, off: os.preadv(fd, [view], off), st.st_size, key,
+                                     self.fingerprint, expect)
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 self._warn("read", f"cannot read {path} ({exc.strerror})")
