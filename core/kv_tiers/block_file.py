@@ -76,6 +76,8 @@ def read_header(head: bytes) -> tuple[dict, int]:
         meta = json.loads(header)
     except ValueError:
         raise BlockFileError("corrupt", "header is not JSON") from None
+    if not isinstance(meta, dict):
+        raise BlockFileError("corrupt", "header is not a JSON object")
     return meta, end + 32
 
 
@@ -101,9 +103,11 @@ def read(readinto, size: int, key: str, fingerprint: str,
         raise BlockFileError("corrupt", f"holds key {meta.get('key')!r}, stored under {key!r}")
     try:
         whole = at + int(meta["payload_bytes"])
-        sections = {s[0]: s for s in meta["sections"]}
+        sections = {s[0]: s for s in meta["sections"] if _well_formed(s)}
+        if len(sections) != len(meta["sections"]):
+            raise ValueError
     except (KeyError, TypeError, ValueError, IndexError):
-        raise BlockFileError("corrupt", "header lacks its sections") from None
+        raise BlockFileError("corrupt", "header lacks its sections or has malformed ones") from None
     if size != whole:  # atomic renames never leave a partial file: this one was damaged in place
         raise BlockFileError("truncated" if size < whole else "corrupt",
                              f"file is {size} bytes, its header says {whole}")
@@ -154,6 +158,13 @@ def _fill(readinto, view: memoryview, offset: int) -> int:
 def _read(readinto, n: int, offset: int) -> bytearray:
     buf = bytearray(n)
     return buf[:_fill(readinto, memoryview(buf), offset)]
+
+
+def _well_formed(s) -> bool:
+    """[group, dtype, shape, offset, bytes, sha256 hex]"""
+    return (isinstance(s, list) and len(s) == 6 and isinstance(s[0], str) and isinstance(s[1], str)
+            and isinstance(s[2], list) and all(type(d) is int and d >= 0 for d in s[2])
+            and type(s[3]) is int and type(s[4]) is int and s[4] >= 0 and isinstance(s[5], str))
 
 
 def _padded(n: int) -> int:

@@ -364,3 +364,18 @@ def test_files_of_the_old_format_are_never_read_but_swept(tmp_path):
     assert s.size_bytes() == old.stat().st_size
     clock.t += 101
     assert s.gc()["ttl"] == 1 and not old.exists()
+
+
+@pytest.mark.parametrize("header", [[1, 2], {"key": "k", "fingerprint": "fp-A", "payload_bytes": 64,
+                                              "sections": [["a", "float32", [2, 3]]]}])
+def test_a_well_checksummed_header_of_the_wrong_shape_is_corrupt(header):
+    """Another program's file that passes the header checksum still cannot crash the reader."""
+    import hashlib
+    import struct
+
+    from shuili.core.kv_tiers.block_file import MAGIC, VERSION
+
+    h = json.dumps(header).encode()
+    data = struct.pack("<8sII", MAGIC, VERSION, len(h)) + h + hashlib.sha256(h).digest() + bytes(64)
+    with pytest.raises(BlockFileError, match="corrupt"):
+        decode(data, "k", "fp-A", EXPECT)
