@@ -1,14 +1,15 @@
 """A block store in a directory (a local disk or a shared file system), safe for many processes.
 
-Layout: <root>/<key[:2]>/<key[2:4]>/<key>.kv, key = hex sha256(fingerprint || chained block hash),
+Layout: <root>/<key[:2]>/<key[2:4]>/<key>.kv2, key = hex sha256(fingerprint || chained block hash),
 so a file's name is its content address and nothing but the bytes needs coordinating:
 - writes go to a private temp file in the same directory and are renamed into place (atomic on
   POSIX file systems): a reader sees the old file, the new one or none, never a torn one; two
   writers of one key write the same KV, and the last rename wins;
 - a file's mtime is its last use (set on write and on every hit), so retention (TTL, default 72 h)
   and the size cap (least recently used first) are decided from the directory alone, by any process;
-- every read is verified (block_file.decode); a corrupt or truncated file at our address is
-  deleted, a foreign one (another fingerprint) is left alone; either way the caller recomputes.
+- a read takes the header and only the sections (cache groups) asked for, each verified
+  (block_file.read); a corrupt or truncated file at our address is deleted, a foreign one
+  (another fingerprint) is left alone; either way the caller recomputes.
 An unusable directory or a full disk logs a warning and turns into misses, never an exception.
 """
 from __future__ import annotations
@@ -26,10 +27,11 @@ import weakref
 
 import torch
 
-from shuili.core.kv_tiers.block_file import BlockFileError, decode, encode
+from shuili.core.kv_tiers.block_file import VERSION, BlockFileError, encode, read
 
 log = logging.getLogger("shuili.kv_tiers")
-SUFFIX = ".kv"
+SUFFIX = f".kv{VERSION}"  # a new file format gets new names: engines of two versions share a directory
+OLD_SUFFIXES = (".kv",)  # earlier formats: never read, still swept (TTL, size cap)
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temp file this old belongs to a writer that died
 QUEUE_BYTES = 1 << 30  # host copies waiting for the writer; past this, blocks are dropped, not queued
@@ -105,23 +107,25 @@ class DiskStore:
         path = self.path(key)
         try:
             with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                data = f.read()
+                fd = f.fileno()
+                st = os.fstat(fd)
+                if self.clock() - st.st_mtime > self.ttl_s:
+                    self._count("misses")  # expired: the next sweep deletes it
+                    return None
+                # the header, then only the sections asked for (a rename over the name meanwhile
+                # does not matter: this descriptor keeps reading the one file it opened)
+                blocks, nread = read(lambda view, off: os.preadv(fd, [view], off), st.st_size, key,
+                                     self.fingerprint, expect)
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 self._warn("read", f"cannot read {path} ({exc.strerror})")
             self._count("misses")
             return None
-        if self.clock() - st.st_mtime > self.ttl_s:
-            self._count("misses")  # expired: the next sweep deletes it
-            return None
-        try:
-            blocks = decode(data, key, self.fingerprint, expect)
         except BlockFileError as exc:
             self._reject(path, st, exc)
             return None
         self._count("hits")
-        self._count("bytes_read", len(data))
+        self._count("bytes_read", nread)
         self._touch(path)
         return blocks
 
@@ -238,7 +242,7 @@ class DiskStore:
             if e.name.startswith(TMP_PREFIX):
                 if now - st.st_mtime > STALE_TMP_S and _unlink(e.path):
                     out["tmp"] += 1
-            elif e.name.endswith(SUFFIX):
+            elif e.name.endswith(SUFFIX) or e.name.endswith(OLD_SUFFIXES):
                 if now - st.st_mtime > self.ttl_s:
                     out["ttl"] += _unlink(e.path)
                 else:
@@ -256,7 +260,8 @@ class DiskStore:
         return out
 
     def size_bytes(self) -> int:
-        return sum(e.stat().st_size for e in self._files() if e.name.endswith(SUFFIX))
+        return sum(e.stat().st_size for e in self._files()
+                   if e.name.endswith(SUFFIX) or e.name.endswith(OLD_SUFFIXES))
 
 
 def _scandir(path: str):

@@ -1,7 +1,8 @@
 """KVTiers: the prefix cache continued below the device.
 
 device --evicted--> host pool        a cached block leaving a device pool is copied to host memory
-device --published--> block store    every newly published full block, all groups in one file
+device --published--> block store    every newly published full block, all groups in one file, one
+                                     section each; a hit reads only the sections it uses
 admission (find_cached)              per block i and group g: device, else host, else store
 A hit's host / store blocks get fresh device blocks (`LOAD` in the hit table), are copied in at
 allocation, before the step that reads them, and are published like computed blocks. What the
@@ -51,6 +52,10 @@ class KVTiers:
         self.host = host
         self.store = store
         self.fingerprint = fingerprint
+        # the store file's section order: the groups every hit through a block reads (full,
+        # compressed) first and adjacent, so a block before the last window is one read
+        self.file_order = [g.name for g in groups if g.kind != "sliding"] + \
+            [g.name for g in groups if g.kind == "sliding"]
         self.expect = {g.name: ((len(g.layers), g.entries_per_block(tokens_per_block), *g.entry_shape),
                                 getattr(torch, g.dtype)) for g in groups}
         self.hit_tokens = {"device": 0, "host": 0, "disk": 0}
@@ -99,8 +104,8 @@ class KVTiers:
             if key in self._recent:
                 self._recent.move_to_end(key)
                 continue
-            ids = {g.name: req.block_ids.get(g.name, [])[i] if i < len(req.block_ids.get(g.name, [])) else -1
-                   for g in self.groups}
+            ids = {name: req.block_ids.get(name, [])[i] if i < len(req.block_ids.get(name, [])) else -1
+                   for name in self.file_order}
             if min(ids.values()) < 0:
                 continue  # some group no longer holds it: the file would be incomplete
             data, ready = {}, None
@@ -124,7 +129,7 @@ class KVTiers:
         max_blocks = (req.num_real_tokens - 1) // P
         hs = kv._hashes(req, max_blocks)
         on_disk: dict[int, bool] = {}
-        files: dict[int, dict[str, torch.Tensor]] = {}
+        files: dict[tuple[int, str], torch.Tensor] = {}
 
         def where(g: CacheGroupSpec, i: int) -> str | None:
             if kv.pools[g.name].lookup(hs[i]) is not None:
@@ -152,26 +157,32 @@ class KVTiers:
                 return n * P, plan
 
     def _plan(self, kv, req, hs, n, where, on_disk, files) -> dict[str, list[int]] | None:
+        """The hit table of n blocks, or None when a store block was rejected (on_disk says so,
+        the caller searches again). `files[(i, group)]`: store sections read so far."""
+        P = self.P
+        need = {g.name: range(kv._first_needed(g, n * P) if g.kind == "sliding" else 0, n) for g in kv.groups}
+        tier = {(g.name, i): where(g, i) for g in kv.groups for i in need[g.name]}
+        from_disk: dict[int, list[str]] = {}
+        for (name, i), w in tier.items():
+            if w == "disk" and (i, name) not in files:
+                from_disk.setdefault(i, []).append(name)
+        for i, names in sorted(from_disk.items()):
+            # only the sections this hit reads: a sliding group's only inside the last window
+            got = self.store.get(self.key(hs[i]), {name: self.expect[name] for name in names})
+            if got is None:  # rejected or gone: search again without it
+                on_disk[i] = False
+                return None
+            files.update({(i, name): t for name, t in got.items()})
         staged = Staged(req.request_id, hs[:n], tier=["device"] * n)
         hits = {}
         for g in kv.groups:
-            start = kv._first_needed(g, n * self.P) if g.kind == "sliding" else 0
-            row = [-1] * start
-            for i in range(start, n):
-                w = where(g, i)
+            row = [-1] * need[g.name].start
+            for i in need[g.name]:
+                w = tier[(g.name, i)]
                 if w == "device":
                     row.append(kv.pools[g.name].lookup(hs[i]))
                     continue
-                if w == "host":
-                    data = self.host.get((g.name, hs[i]))
-                else:
-                    if i not in files:
-                        got = self.store.get(self.key(hs[i]), self.expect)
-                        if got is None:  # rejected or gone: search again without it
-                            on_disk[i] = False
-                            return None
-                        files[i] = got
-                    data = files[i][g.name]
+                data = self.host.get((g.name, hs[i])) if w == "host" else files[(i, g.name)]
                 staged.loads[(g.name, i)] = (w, data)
                 if RANK[w] > RANK[staged.tier[i]]:
                     staged.tier[i] = w

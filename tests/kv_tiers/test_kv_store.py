@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from shuili.core.kv_tiers import parse_bytes, parse_duration
-from shuili.core.kv_tiers.block_file import BlockFileError, decode, encode
-from shuili.core.kv_tiers.disk_store import DiskStore
+from shuili.core.kv_tiers.block_file import HEAD_READ, BlockFileError, decode, encode
+from shuili.core.kv_tiers.disk_store import SUFFIX, DiskStore
 from shuili.core.kv_tiers.host_pool import HostPool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_put_get_is_atomic_and_leaves_no_temp_files(tmp_path):
     assert torch.equal(s.get(key(1), EXPECT)["a"], blk(1.0)["a"])
     assert s.get(key(2), EXPECT) is None
     names = [p.name for p in (tmp_path / "store").rglob("*") if p.is_file()]
-    assert names == [key(1) + ".kv"]
+    assert names == [key(1) + SUFFIX]
     assert s.stats()["hits"] == 1 and s.stats()["misses"] == 1
 
 
@@ -272,3 +272,110 @@ def test_a_writer_that_falls_behind_drops_blocks_instead_of_memory(tmp_path, mon
     gate.open.set()
     s.flush()
     assert s.contains(key(0)) and not s.contains(key(1)) and s._queued_bytes == 0
+
+
+# --------------------------------------------------------------------- reads by section
+BIG = {"a": ((2, 3), torch.float32), "b": ((1 << 15,), torch.float32)}  # b: 128 KiB, past the first read
+
+
+def big(v: float) -> dict[str, torch.Tensor]:
+    return {"a": torch.full((2, 3), v), "b": torch.linspace(0, v, 1 << 15)}
+
+
+def section(path: Path, name: str) -> tuple[int, int]:
+    """(file offset, bytes) of group `name`'s section."""
+    from shuili.core.kv_tiers.block_file import read_header
+
+    meta, at = read_header(path.read_bytes())
+    _, _, _, off, n, _ = next(s for s in meta["sections"] if s[0] == name)
+    return at + off, n
+
+
+def test_a_read_takes_only_the_sections_asked_for(tmp_path):
+    s = store(tmp_path)
+    s.put(key(1), b"h", big(1.0))
+    p = Path(s.path(key(1)))
+    size = p.stat().st_size
+    got = s.get(key(1), {"a": BIG["a"]})
+    assert list(got) == ["a"] and torch.equal(got["a"], big(1.0)["a"])
+    b_at, b_len = section(p, "b")
+    one = s.stats()["bytes_read"]
+    assert one <= HEAD_READ < b_len and one <= size - b_len + HEAD_READ  # the header and section a, not b
+    both = s.get(key(1), BIG)
+    assert torch.equal(both["b"], big(1.0)["b"]) and s.stats()["bytes_read"] == one + size
+
+
+def test_a_damaged_section_that_is_read_rejects_the_file(tmp_path):
+    s = store(tmp_path)
+    s.put(key(1), b"h", big(1.0))
+    p = Path(s.path(key(1)))
+    at, n = section(p, "b")
+    raw = bytearray(p.read_bytes())
+    raw[at + n // 2] ^= 0x04
+    p.write_bytes(bytes(raw))
+    assert s.get(key(1), BIG) is None and not p.exists()
+    assert s.stats()["rejected_corrupt"] == 1
+
+
+def test_a_damaged_section_that_is_not_read_does_not_matter_until_it_is(tmp_path):
+    """Every byte a hit uses is checked; the damage elsewhere in the file is found by the first read
+    that needs it (checking it earlier would mean reading it, the cost this layout avoids)."""
+    s = store(tmp_path)
+    s.put(key(1), b"h", big(1.0))
+    p = Path(s.path(key(1)))
+    at, n = section(p, "b")
+    raw = bytearray(p.read_bytes())
+    raw[at + n - 1] ^= 0x80
+    p.write_bytes(bytes(raw))
+    got = s.get(key(1), {"a": BIG["a"]})
+    assert got is not None and torch.equal(got["a"], big(1.0)["a"]) and p.exists()
+    assert s.stats()["rejected_corrupt"] == 0
+    assert s.get(key(1), BIG) is None and not p.exists() and s.stats()["rejected_corrupt"] == 1
+
+
+@pytest.mark.parametrize("cut_in", ["a", "b"])
+def test_a_truncated_file_is_rejected_whichever_section_is_cut(tmp_path, cut_in):
+    """The size is checked against the header before any section: a file of the wrong length was
+    damaged in place (writes are renamed in whole), so it is deleted even when the sections a read
+    needs are intact; the next write-through puts a whole one back."""
+    s = store(tmp_path)
+    s.put(key(1), b"h", big(1.0))
+    p = Path(s.path(key(1)))
+    at, n = section(p, cut_in)
+    p.write_bytes(p.read_bytes()[:at + n // 2])
+    assert s.get(key(1), {"a": BIG["a"]}) is None and not p.exists()
+    assert s.stats()["rejected_truncated"] == 1
+
+
+def test_a_section_of_a_group_the_file_lacks_is_corrupt(tmp_path):
+    s = store(tmp_path)
+    s.put(key(1), b"h", {"a": big(1.0)["a"]})
+    assert s.get(key(1), BIG) is None and s.stats()["rejected_corrupt"] == 1
+
+
+def test_files_of_the_old_format_are_never_read_but_swept(tmp_path):
+    clock = Clock()
+    s = store(tmp_path, clock=clock, ttl_s=100.0)
+    old = Path(s.path(key(1))).with_suffix(".kv")
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"SHUILIKV" + b"\x01" * 200)
+    os.utime(old, (clock.t, clock.t))
+    assert not s.contains(key(1)) and s.get(key(1), EXPECT) is None and old.exists()
+    assert s.size_bytes() == old.stat().st_size
+    clock.t += 101
+    assert s.gc()["ttl"] == 1 and not old.exists()
+
+
+@pytest.mark.parametrize("header", [[1, 2], {"key": "k", "fingerprint": "fp-A", "payload_bytes": 64,
+                                              "sections": [["a", "float32", [2, 3]]]}])
+def test_a_well_checksummed_header_of_the_wrong_shape_is_corrupt(header):
+    """Another program's file that passes the header checksum still cannot crash the reader."""
+    import hashlib
+    import struct
+
+    from shuili.core.kv_tiers.block_file import MAGIC, VERSION
+
+    h = json.dumps(header).encode()
+    data = struct.pack("<8sII", MAGIC, VERSION, len(h)) + h + hashlib.sha256(h).digest() + bytes(64)
+    with pytest.raises(BlockFileError, match="corrupt"):
+        decode(data, "k", "fp-A", EXPECT)

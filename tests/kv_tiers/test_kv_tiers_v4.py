@@ -110,6 +110,47 @@ def test_damaged_files_are_recomputed_bit_identically(tmp_path, case):
     assert again.engine.kv_tiers.hit_tokens["disk"] == 64
 
 
+def flip_in_section(path: Path, group: str) -> None:
+    """One bit inside `group`'s section of a store file."""
+    from shuili.core.kv_tiers.block_file import read_header
+
+    raw = bytearray(path.read_bytes())
+    meta, at = read_header(bytes(raw))
+    _, _, _, off, n, _ = next(s for s in meta["sections"] if s[0] == group)
+    raw[at + off + n // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def test_a_damaged_section_counts_only_where_a_hit_reads_it(tmp_path, case):
+    """Block 1's window KV is damaged. A hit of the whole prompt reads block 1's full / compressed
+    sections only (its sliding ones lie before the last window): it is served whole, the file kept.
+    A prompt that shares only blocks 0 and 1 needs block 1's window: the file is rejected and
+    deleted, block 1 recomputed (and written again), the answer still the recompute's bits."""
+    ps, pars, want = case
+    store = tmp_path / "store"
+    writer = tiered(store, kv_host_bytes=0)
+    run(writer, ps[:1], pars[:1])
+    writer.engine.kv_tiers.flush()
+    t = writer.engine.kv_tiers
+    path = Path(t.store.path(t.key(hashes(ps[0], 2)[1])))
+    flip_in_section(path, "swa_kv")
+    whole = tiered(store, kv_host_bytes=0)
+    assert run(whole, ps[:1], pars[:1]) == want[:1]
+    s = whole.engine.kv_tiers.stats()
+    assert s["kv_store_rejected_corrupt"] == 0 and s["kv_hit_tokens_disk"] == (len(ps[0]) - 1) // 16 * 16
+    assert s["kv_store_bytes_read"] < sum(p.stat().st_size for p in store.rglob("*.kv2")) // 2
+    assert path.exists()
+    short = ps[0][:40]  # blocks 0 and 1 of the same prefix, then the hit ends: block 1's window is read
+    short_want = cold(MODEL, [short], pars[:1], max_num_seqs=4)
+    reader = tiered(store, kv_host_bytes=0)
+    assert run(reader, [short], pars[:1]) == short_want
+    s = reader.engine.kv_tiers.stats()
+    assert s["kv_store_rejected_corrupt"] == 1 and s["kv_hit_tokens_disk"] == 16
+    reader.engine.kv_tiers.flush()  # block 1 was recomputed and written through again, whole
+    rt = reader.engine.kv_tiers
+    assert rt.store.get(rt.key(hashes(ps[0], 2)[1]), rt.expect) is not None
+
+
 def test_truncated_file_alone(tmp_path, case):
     ps, pars, want = case
     store = tmp_path / "store"
