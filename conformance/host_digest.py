@@ -2,7 +2,8 @@
 
 Run as `python -m shuili.conformance.host_digest [--threads N] [--smollm2]`; prints one JSON object
 {part: sha256} over: a spread of op cases (every GEMM weight format, paged and sparse attention,
-the indexer, MoE, norms, rope tables, log_softmax and seeded sampling), tiny-v4 greedy and seeded
+the indexer, MoE experts and routing, mHC, norms, sqrt, rope tables, log_softmax and seeded
+sampling), tiny-v4 greedy and seeded
 generation (token ids and logprob bits) and, with --smollm2, SmolLM2 greedy generation.
 tests/reference/test_host_independence.py runs it under several ATEN_CPU_CAPABILITY values, MKL
 instruction sets and thread counts and asserts the digests are equal.
@@ -79,6 +80,19 @@ def op_digests() -> dict[str, str]:
     from shuili.core.models.deepseek_v4_config import named
 
     out["rope_tables"] = _h(*llama.rope_tables(64, 10000.0, 4096), *rope_tables(named("tiny-v4"), True, 4096))
+    # cases added later draw from their own stream, so the cases above keep their digests
+    g = torch.Generator().manual_seed(4321)
+    # many rows of many scales: each row's 1/sqrt is one value, and a wrong last bit in a few of
+    # them (torch.sqrt is MKL VML's on x86 MKL builds, its kernel chosen by CPU) must show: the 37
+    # rows of `rms_norm` did not
+    rows = rnd(4096, 64) * numerics.pow_f32(2.0, torch.arange(4096, dtype=torch.float32)[:, None] % 61 - 30)
+    out["rms_norm.rows"] = _h(OPS["rms_norm"](rows, None, 1e-6))
+    wide = numerics.pow_f32(2.0, torch.rand(65536, generator=g, dtype=torch.float64).float() * 120 - 60)
+    out["sqrt"] = _h(numerics.sqrt(wide), numerics.sqrt64(wide.double() * 3.0), numerics.rsqrt(wide))
+    route = rnd(257, 16, std=3.0)
+    for scoring in ("sqrtsoftplus", "softmax", "sigmoid"):
+        out[f"moe_route_topk.{scoring}"] = _h(*OPS["moe_route_topk"](route, rnd(16, std=0.1), 4, scoring, True, 1.5))
+    out["hc_split_sinkhorn"] = _h(*OPS["hc_split_sinkhorn"](rnd(33, 24), rnd(3), rnd(24), 4, 20, 1e-6))
     return out
 
 
@@ -98,6 +112,28 @@ def generation_digest(model: str, max_tokens: int) -> str:
     return d.hexdigest()
 
 
+def host_info() -> dict:
+    """What differs between hosts (not compared): ISA, threads, versions, the CPU, and how many of
+    4099 values this torch's own sqrt rounds unlike IEEE here (MKL VML's: 774 on an AMD EPYC). The
+    oracle uses `numerics.sqrt`, whose bits do not depend on torch.sqrt's."""
+    import platform
+
+    import numpy as np
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    x = torch.linspace(1.0, 4.0, 4099)
+    ieee = torch.from_numpy(np.sqrt(x.numpy()))
+    return {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "numpy": np.__version__,
+            "cpu": model or platform.processor(), "mkl": torch.backends.mkl.is_available(),
+            "torch_sqrt_wrong_bits": int((torch.sqrt(x) != ieee).sum())}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -109,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     res["tiny-v4"] = generation_digest("tiny-v4", 6)
     if a.smollm2:
         res["smollm2-135m"] = generation_digest("smollm2-135m", 4)
-    res["_host"] = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+    res["_host"] = host_info()
     print(json.dumps(res, sort_keys=True))
 
 

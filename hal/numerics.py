@@ -4,9 +4,10 @@ built from IEEE basics.
 Why: torch's CPU reductions and transcendental kernels pick code paths by tensor size, thread
 split, CPU ISA (ATEN_CPU_CAPABILITY) and BLAS (MKL, OpenBLAS, Accelerate), so the same value may
 round differently depending on where it sits in a batch or which machine runs it. Everything here
-is composed of elementwise +, -, *, /, sqrt, round, comparisons and bit manipulation, each
-correctly rounded per element by IEEE 754, plus float64 matrix products whose every partial sum
-is an exactly representable integer (`dot`), which no summation order can change. So an
+is composed of elementwise +, -, *, /, round, comparisons and bit manipulation, each
+correctly rounded per element by IEEE 754 (sqrt is too, but torch.sqrt is not IEEE's: see
+`sqrt64`), plus float64 matrix products whose every partial sum is an exactly representable
+integer (`dot`), which no summation order can change. So an
 element's bits depend only on its own inputs, on any CPU, BLAS or thread count, and the same
 recipes can be replayed on any backend.
 """
@@ -114,6 +115,13 @@ def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 _PV_BITS = 24  # grid of a value row relative to its own largest element: float32's precision
 
 
+def ceil_log2(n: torch.Tensor) -> torch.Tensor:
+    """int64 ceil(log2 n) for integers 1 <= n <= 2**53, read from the float64 bits of n - 1 (exact;
+    torch.log2 runs MKL VML's vdLog2, whose bits are the library's)."""
+    m = (n.to(torch.int64) - 1).to(torch.float64)
+    return torch.where(m > 0, ((m.view(torch.int64) >> 52) & 0x7FF) - 1022, 0)
+
+
 def dot_pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """p [..., M, n] @ v [..., n, D] -> float32 [..., M, D], exact in the sense of `dot`, with grids
     chosen per row of p and per row (key) of v, so a result row depends only on its own row of p and
@@ -132,7 +140,7 @@ def dot_pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     pn = _widen_mul(p, pow2(ev).transpose(-1, -2))
     ea = exponent_bound(pn)  # [..., M, 1]
     count = (pn != 0).sum(-1, keepdim=True).clamp_min(1)
-    pa = 53 - pb - torch.ceil(torch.log2(count.to(torch.float64))).to(torch.int64)
+    pa = 53 - pb - ceil_log2(count)
     scaled = pn.mul_(pow2((pa - ea).clamp(-1022, 1023)))
     hi = torch.round(scaled)
     lo = scaled.sub_(hi).mul_(pow2(pa)).round_()  # scaled - hi is exact: |.| <= 1/2 on hi's grid
@@ -259,7 +267,7 @@ def normal(shape, generator: torch.Generator, mean: float = 0.0, std: float = 1.
     out = torch.empty(u.shape, dtype=torch.float32, device=device)
     for i in range(0, u.shape[0], _NORMAL_SLICE):
         ui = u[i:i + _NORMAL_SLICE].to(out.device)
-        r = torch.sqrt(-2.0 * log64(1.0 - ui[:, 0]))  # 1 - u in (0, 1]: log stays finite
+        r = sqrt64(-2.0 * log64(1.0 - ui[:, 0]))  # 1 - u in (0, 1]: log stays finite
         sin, cos = sincos64(ui[:, 1] * (2.0 * math.pi))
         out[i:i + _NORMAL_SLICE] = (torch.stack([r * cos, r * sin], 1) * std + mean).to(torch.float32)
     return out.reshape(-1)[:n].reshape(shape)
@@ -300,9 +308,56 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
     return (x64.clamp_min(0.0) + l1p).to(torch.float32)
 
 
+_SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's constant, splits a float64 into two 26-bit halves
+
+
+def _square_residual(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """x - r * r for float64 x, r > 0 with r * r within a factor 2 of x and no under/overflow:
+    r * r = p + q exactly (Dekker's product over Veltkamp halves, no FMA), x - p exact (Sterbenz),
+    and (x - p) - q exact whenever x - r^2 is representable, which holds for any faithful r."""
+    g = r * _SPLIT
+    hi = g - (g - r)
+    lo = r - hi
+    p = r * r
+    q = ((hi * hi - p) + 2.0 * hi * lo) + lo * lo
+    return (x - p) - q
+
+
+def sqrt64(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded float64 sqrt from IEEE basics. torch.sqrt is not: on x86 builds with MKL it
+    runs MKL VML's vdSqrt / vsSqrt (1 ulp off for ~1% of float64 and ~17% of float32 inputs on an
+    AMD EPYC; MKL picks its kernel by CPU vendor and ISA, not ATEN_CPU_CAPABILITY), so its bits
+    differ between hosts. Here torch.sqrt is only a first guess: two Newton steps on the exact
+    residual make it faithful, then the exact residual e = x - r^2 decides between r and its two
+    neighbours (r is the nearest iff -r u_lo < e <= r u_hi; a midpoint is never a square root).
+    Inputs are scaled by an even power of two into [2^-500, 2^500] so no product under/overflows.
+    """
+    x = x.to(torch.float64)
+    ok = torch.isfinite(x) & (x > 0)
+    xs = torch.where(ok, x, torch.ones_like(x))
+    small, big = xs < 2.0 ** -500, xs > 2.0 ** 500
+    xs = torch.where(small, xs * 2.0 ** 600, torch.where(big, xs * 2.0 ** -600, xs))
+    r = torch.sqrt(xs)
+    for _ in range(2):  # from a guess good to 2^-24 relative: 2^-48, then faithful
+        r = r + _square_residual(xs, r) / (2.0 * r)
+    up = (r.view(torch.int64) + 1).view(torch.float64)
+    down = (r.view(torch.int64) - 1).view(torch.float64)
+    e = _square_residual(xs, r)
+    r = torch.where(e > r * (up - r), up, torch.where(e <= -r * (r - down), down, r))
+    r = torch.where(small, r * 2.0 ** -300, torch.where(big, r * 2.0 ** 300, r))
+    # sqrt(+-0) = +-0, sqrt(+inf) = +inf, negative or nan -> nan
+    return torch.where(ok, r, torch.where(x >= 0, x, torch.full_like(x, math.nan)))
+
+
+def sqrt(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded sqrt in x's dtype (float32 or float64): `sqrt64`, rounded once more for
+    float32 (rounding a correctly rounded 53-bit sqrt to 24 bits gives the correctly rounded one)."""
+    return sqrt64(x).to(x.dtype)
+
+
 def rsqrt(x: torch.Tensor) -> torch.Tensor:
     """1 / sqrt(x) with two correctly rounded steps (same dtype as x)."""
-    return 1.0 / torch.sqrt(x)
+    return 1.0 / sqrt(x)
 
 
 def softmax_last(x: torch.Tensor, extra_logit: torch.Tensor | None = None) -> torch.Tensor:

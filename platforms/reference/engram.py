@@ -28,5 +28,5 @@ def engram_gate(x: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, k_wei
     dot = numerics.dot((h * w)[..., None, :], key[..., None, :])[..., 0, 0]  # [T, m]
     rstd = numerics.rsqrt(numerics.tree_sum(h * h) / d + eps) * numerics.rsqrt(numerics.tree_sum(key * key) / d + eps)
     dot = dot * rstd * (d ** -0.5)
-    gate = numerics.sigmoid(torch.copysign(torch.sqrt(dot.abs().clamp_min(_CLAMP)), dot))
+    gate = numerics.sigmoid(torch.copysign(numerics.sqrt(dot.abs().clamp_min(_CLAMP)), dot))
     return (h + gate[..., None] * value[:, None, :]).to(x.dtype)

@@ -11,7 +11,7 @@ SCORINGS = ("sqrtsoftplus", "softmax", "sigmoid")
 def _score(logits: torch.Tensor, scoring: str) -> torch.Tensor:
     x = logits.to(torch.float32)
     if scoring == "sqrtsoftplus":
-        return torch.sqrt(numerics.softplus(x))
+        return numerics.sqrt(numerics.softplus(x))
     if scoring == "softmax":
         return numerics.softmax_last(x)
     if scoring == "sigmoid":

@@ -148,3 +148,55 @@ def test_sincos_and_pow_accuracy():
     y = torch.arange(0, 64, 2).float() / 64
     want = torch.tensor([_f32(10000.0 ** float(v)) for v in y])
     assert (N.pow_f32(10000.0, y) - want).abs().div(want).max() <= 2 ** -23
+
+
+def _ieee_sqrt(x: torch.Tensor) -> torch.Tensor:
+    # numpy's sqrt is the hardware's IEEE instruction (correctly rounded), unlike torch.sqrt on MKL
+    # builds (MKL VML, whose last bit depends on the CPU)
+    import numpy as np
+
+    with np.errstate(invalid="ignore"):
+        return torch.from_numpy(np.sqrt(x.numpy()))
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    it = torch.int64 if a.dtype == torch.float64 else torch.int32
+    return bool(((a.view(it) == b.view(it)) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def test_sqrt_is_correctly_rounded(gen):
+    # every 3rd float32 of [1, 4) (both exponent parities: all significands), then a spread of
+    # float32 and float64 magnitudes, subnormals and special values
+    xf = ((torch.arange(0, 1 << 24, 3, dtype=torch.int64) + (127 << 23)).to(torch.int32)).view(torch.float32)
+    assert _same_bits(N.sqrt(xf), _ieee_sqrt(xf))
+    specials = [0.0, -0.0, math.inf, -math.inf, -1.0, math.nan, 1.0, 2.0, 0.25]
+    x32 = torch.cat([(torch.rand(100_000, generator=gen, dtype=torch.float64) * 280 - 150).exp2().float(),
+                     torch.tensor(specials + [1e-45, 1.1754942e-38, 3.4028235e38])])
+    got = N.sqrt(x32)
+    assert got.dtype == torch.float32 and _same_bits(got, _ieee_sqrt(x32))
+    x64 = torch.cat([(torch.rand(100_000, generator=gen, dtype=torch.float64) * 2100 - 1075).exp2(),
+                     torch.tensor(specials + [5e-324, 2.2250738585072014e-308, 1.7976931348623157e308],
+                                  dtype=torch.float64)])
+    assert _same_bits(N.sqrt64(x64), _ieee_sqrt(x64))
+    assert _same_bits(N.rsqrt(x32[:1000]), 1.0 / _ieee_sqrt(x32[:1000]))
+
+
+@pytest.mark.parametrize("ulps", [-8, -1, 1, 8])
+def test_sqrt_bits_do_not_depend_on_torch_sqrt(gen, monkeypatch, ulps):
+    # torch.sqrt is only a first guess: a library whose sqrt is off by a few ulps (MKL VML on
+    # another CPU) must give the same bits
+    x = (torch.rand(20_000, generator=gen, dtype=torch.float64) * 400 - 200).exp2()
+    x32 = (x * 2.0 ** -100).float()
+    want, want32 = N.sqrt64(x), N.sqrt(x32)
+    real = torch.sqrt
+    monkeypatch.setattr(torch, "sqrt", lambda t: (real(t).view(torch.int64) + ulps).view(torch.float64))
+    assert _same_bits(N.sqrt64(x), want)
+    assert _same_bits(N.sqrt(x32), want32)
+    # negative control: the comparison sees a one-ulp change
+    assert not _same_bits(torch.sqrt(x), want)
+
+
+def test_ceil_log2_is_exact():
+    n = torch.cat([torch.arange(1, 70_000), torch.tensor([2 ** 40, 2 ** 40 + 1, 2 ** 53])])
+    want = torch.tensor([(int(v) - 1).bit_length() for v in n])
+    assert torch.equal(N.ceil_log2(n), want)
