@@ -11,7 +11,7 @@ denominator.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -37,49 +37,64 @@ def _gqa_weighted(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return out.reshape(bsz, kvh, t, h // kvh, dv).permute(0, 2, 1, 3, 4).reshape(bsz, t, h, dv)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor, count: torch.Tensor,
-            scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
-    """q [B, T, H, D] over keys k, values v [B, KVH, n, *]; query (b, t) sees keys first[b, t] ..
-    first[b, t] + count[b, t] - 1, and keys it does not see must be finite (zeros) -> [B, T, H, Dv]."""
-    bsz, t, h, _ = q.shape
-    logits = _gqa_logits(q, k, scale)
-    n = logits.shape[-1]
-    p = _aligned_softmax(logits.reshape(bsz * t, h, n), first.reshape(-1), count.reshape(-1), sinks)
-    return _gqa_weighted(p.reshape(bsz, t, h, n), v)
+class _Softmax(NamedTuple):
+    """Where each query row's keys sit in a [T, n] logits block: query t sees keys first[t] ..
+    first[t] + count[t] - 1, moved to the front of a row of `width` columns."""
+    n: int
+    width: int
+    invalid: torch.Tensor  # [T, 1, width] bool: padding columns of the moved rows
+    src: torch.Tensor | None  # [T, H, width] source column of each moved entry (n: the spare -inf
+    # column); None when every row's keys already start at column 0
 
 
-def _aligned_softmax(logits: torch.Tensor, first: torch.Tensor, count: torch.Tensor,
-                     sinks: torch.Tensor | None) -> torch.Tensor:
-    """logits [T, H, n] over a shared key range; query t sees keys first[t] .. first[t] + count[t] - 1.
-    Returns p [T, H, n] (zero outside each query's keys), each row's softmax taken over its keys
-    moved to the front of a -inf padded row, so its bits do not depend on the shared range."""
-    t, h, n = logits.shape
+def _softmax_plan(first: torch.Tensor, count: torch.Tensor, n: int, h: int) -> _Softmax:
+    t = first.shape[0]
     width = int(count.max()) if t else 0
     j = torch.arange(width)
     valid = j[None, :] < count[:, None]  # [T, width]
-    extra = None if sinks is None else sinks.to(torch.float32)
     if t and not bool(first.any()):
-        # every row's keys already start at column 0: masking in place is the same move
-        rows = torch.where(valid[:, None, :], logits[..., :width], float("-inf"))
-        p = torch.zeros(t, h, n, dtype=torch.float32)
-        p[..., :width] = numerics.softmax_last(rows, extra)
-        return p
+        return _Softmax(n, width, ~valid[:, None, :], None)
     # padding reads and writes column n, a spare one, so no two writes of a row hit one column
     src = torch.where(valid, first[:, None] + j[None, :], torch.full((t, width), n))
+    return _Softmax(n, width, ~valid[:, None, :], src[:, None, :].expand(t, h, width))
+
+
+def _aligned_softmax(logits: torch.Tensor, sm: _Softmax, sinks: torch.Tensor | None) -> torch.Tensor:
+    """logits [T, H, n] over a shared key range (consumed: masked in place) -> p [T, H, n], zero
+    outside each query's keys, each row's softmax taken over its keys moved to the front of a -inf
+    padded row, so its bits do not depend on the shared range."""
+    t, h, n = logits.shape
+    extra = None if sinks is None else sinks.to(torch.float32)
+    if sm.src is None:
+        # every row's keys already start at column 0: masking in place is the same move
+        rows = logits[..., :sm.width].masked_fill_(sm.invalid, float("-inf"))
+        if sm.width == n:
+            return numerics.softmax_last(rows, extra)
+        p = torch.zeros(t, h, n, dtype=torch.float32)
+        p[..., :sm.width] = numerics.softmax_last(rows, extra)
+        return p
     spare = torch.cat([logits, torch.full((t, h, 1), float("-inf"))], 2)
-    rows = torch.gather(spare, 2, src[:, None, :].expand(t, h, width))
-    pr = numerics.softmax_last(rows, extra)
+    pr = numerics.softmax_last(torch.gather(spare, 2, sm.src), extra)
     p = torch.zeros(t, h, n + 1, dtype=torch.float32)
-    return p.scatter_(2, src[:, None, :].expand(t, h, width), pr)[..., :n]
+    return p.scatter_(2, sm.src, pr)[..., :n]
 
 
 def _slots(block_table: torch.Tensor, entries: torch.Tensor, block_size: int) -> torch.Tensor:
     return block_table.to(torch.int64)[entries // block_size] * block_size + entries % block_size
 
 
-def _check_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The contract's preconditions of `paged_attention`; returns (q_lens, seq_lens) as int64 [B]."""
+class _Group(NamedTuple):
+    """The index work of one group of sequences (see `_group_plan`); it depends only on the
+    block tables, lengths and query layout, so every layer of a step shares it."""
+    rows_kv: torch.Tensor  # [B, KVH, N] rows of a cache viewed as [slots * KVH, D]
+    pad: torch.Tensor | None  # flat rows of [B * KVH * N] that are padding (values zeroed)
+    q_rows: torch.Tensor | None  # [B, Tq] rows of q; None: q itself, one query per sequence
+    real: torch.Tensor  # [B, Tq] bool
+    out_rows: torch.Tensor  # [real queries] rows of the output
+    softmax: _Softmax
+
+
+def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     t, h, d = q.shape
     nb, bs, kvh, dk = k_cache.shape
     if v_cache.shape[:3] != k_cache.shape[:3] or dk != d:
@@ -87,6 +102,12 @@ def _check_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                          f"match q {tuple(q.shape)} (want [num_blocks, block_size, KVH, {d}])")
     if h % kvh:
         raise ValueError(f"{h} query heads are not a multiple of {kvh} kv heads")
+
+
+def _check_lens(t: int, bs: int, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contract's preconditions of `paged_attention` on the lengths; returns (q_lens, seq_lens)
+    as int64 [B]."""
     qsl = query_start_loc.to(torch.int64)
     lens = seq_lens.to(torch.int64)
     if qsl.shape != (lens.shape[0] + 1,) or int(qsl[0]) != 0 or int(qsl[-1]) != t:
@@ -107,6 +128,65 @@ def _check_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     return q_lens, lens
 
 
+def _group_plan(table: torch.Tensor, length: torch.Tensor, q_len: torch.Tensor, start: torch.Tensor,
+                t: int, h: int, kvh: int, bs: int, window: int) -> _Group:
+    """Sequences b (table [B, blocks], length, q_len, start [B]) of a call with t queries.
+    Keys lo0_b .. length_b - 1 (lo0 the window start of the first query) fill a zero-padded
+    [B, KVH, N] key block; queries a zero-padded [B, Tq] block."""
+    first_pos = length - q_len  # position of each sequence's first query
+    lo0 = (first_pos - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(length)
+    n_keys = length - lo0
+    j = torch.arange(int(n_keys.max()))
+    seen = j[None, :] < n_keys[:, None]  # [B, N]
+    entry = torch.where(seen, lo0[:, None] + j[None, :], 0)
+    # padded keys read slot 0 of the cache: entry 0's block may be gone (-1, a slid-out window block)
+    slots = torch.where(seen, torch.gather(table, 1, entry // bs) * bs + entry % bs, 0)
+    # gathered head-major, [B, KVH, N, D], in one pass: row (slot, head) of the cache viewed as rows
+    rows_kv = (slots * kvh)[:, None, :] + torch.arange(kvh)[None, :, None]  # [B, KVH, N]
+    # padded keys' logits never reach a softmax row (masked or not gathered), but their values are
+    # zeroed, so that no 0 * inf can reach a real row's p V
+    pad = torch.nonzero((~seen)[:, None, :].expand(rows_kv.shape).reshape(-1)).flatten()
+    i = torch.arange(int(q_len.max()))
+    real = i[None, :] < q_len[:, None]  # [B, Tq]
+    rows = torch.where(real, start[:, None] + i[None, :], 0)
+    pos = first_pos[:, None] + i[None, :]
+    lo = (pos - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(pos)
+    count = torch.where(real, pos + 1 - lo, 0)
+    first = torch.where(real, lo - lo0[:, None], 0)
+    one_each = rows.shape == (t, 1) and torch.equal(rows[:, 0], torch.arange(t))
+    return _Group(rows_kv, pad if pad.numel() else None, None if one_each else rows, real, rows[real],
+                  _softmax_plan(first.reshape(-1), count.reshape(-1), rows_kv.shape[2], h))
+
+
+_PLANS: dict[tuple, tuple] = {}  # (T, H, KVH, block size, window) -> (copies of the inputs, groups)
+_MAX_PLANS = 8
+
+
+def _plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+          t: int, h: int, kvh: int, bs: int, window: int) -> list[_Group]:
+    """The groups of a call, reused while the block tables, lengths and query layout are equal in
+    value to the last call's (every layer of one step): a few comparisons instead of ~60 small ops."""
+    key = (t, h, kvh, bs, window)
+    args = (block_tables, seq_lens, query_start_loc)
+    hit = _PLANS.get(key)
+    if hit is not None and all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+                               for a, b in zip(hit[0], args)):
+        return hit[1]
+    q_lens, lens = _check_lens(t, bs, block_tables, seq_lens, query_start_loc)
+    starts = query_start_loc.to(torch.int64)[:-1]
+    table = block_tables.to(torch.int64)
+    groups = []
+    for group in (q_lens == 1, q_lens > 1):
+        seqs = torch.nonzero(group).flatten()
+        if seqs.numel():
+            groups.append(_group_plan(table[seqs], lens[seqs], q_lens[seqs], starts[seqs], t, h, kvh,
+                                      bs, window))
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = (tuple(a.clone() for a in args), groups)
+    return groups
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float, window: int = 0,
@@ -119,19 +199,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     another (so a prefill's query padding does not multiply the decode rows' work), keys and
     queries padded with zeros, which changes no bit of a real row (see the module doc).
     """
+    _check_shapes(q, k_cache, v_cache)
     t, h, d = q.shape
-    q_lens, lens = _check_paged(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     nb, bs, kvh, dk = k_cache.shape
+    groups = _plan(block_tables, seq_lens, query_start_loc, t, h, kvh, bs, window)
     kf = k_cache.view(nb * bs, kvh, dk)
     vf = v_cache.view(nb * bs, kvh, v_cache.shape[-1])
     qf = q.to(torch.float32)
+    if len(groups) == 1 and groups[0].q_rows is None:  # decode: one query per sequence, in order
+        return _attend_group(groups[0], qf, kf, vf, scale, sinks).reshape(t, h, -1).to(q.dtype)
     out = torch.zeros(t, h, v_cache.shape[-1], dtype=torch.float32)
-    starts = query_start_loc.to(torch.int64)[:-1]
-    for group in (q_lens == 1, q_lens > 1):
-        seqs = torch.nonzero(group).flatten()
-        if seqs.numel():
-            _attend_group(out, qf, kf, vf, block_tables.to(torch.int64)[seqs], lens[seqs], q_lens[seqs],
-                          starts[seqs], bs, scale, window, sinks)
+    for g in groups:
+        out[g.out_rows] = _attend_group(g, qf, kf, vf, scale, sinks)[g.real]
     return out.to(q.dtype)
 
 
@@ -142,37 +221,22 @@ def _take_rows(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return flat.index_select(0, rows.reshape(-1)).view(*rows.shape, flat.shape[-1])
 
 
-def _attend_group(out: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, table: torch.Tensor,
-                  length: torch.Tensor, q_len: torch.Tensor, start: torch.Tensor, bs: int, scale: float,
-                  window: int, sinks: torch.Tensor | None) -> None:
-    """Sequences b (table [B, blocks], length, q_len, start [B]) into out[start_b : start_b + q_len_b].
-    Keys lo0_b .. length_b - 1 (lo0 the window start of the first query) fill a zero-padded
-    [B, KVH, N] key block; queries a zero-padded [B, Tq] block."""
-    first_pos = length - q_len  # position of each sequence's first query
-    lo0 = (first_pos - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(length)
-    n_keys = length - lo0
-    j = torch.arange(int(n_keys.max()))
-    seen = j[None, :] < n_keys[:, None]  # [B, N]
-    entry = torch.where(seen, lo0[:, None] + j[None, :], 0)
-    # padded keys read slot 0 of the cache: entry 0's block may be gone (-1, a slid-out window block)
-    slots = torch.where(seen, torch.gather(table, 1, entry // bs) * bs + entry % bs, 0)
-    # gathered head-major, [B, KVH, N, D], in one pass: row (slot, head) of the cache viewed as rows
-    kvh = kf.shape[1]
-    rows_kv = (slots * kvh)[:, None, :] + torch.arange(kvh)[None, :, None]  # [B, KVH, N]
-    # padded keys' logits never reach a softmax row (masked or not gathered), but their values are
-    # zeroed, so that no 0 * inf can reach a real row's p V
-    k = _take_rows(kf, rows_kv).to(torch.float32)
-    v = torch.where(seen[:, None, :, None], _take_rows(vf, rows_kv).to(torch.float32), 0.0)
-    i = torch.arange(int(q_len.max()))
-    real = i[None, :] < q_len[:, None]  # [B, Tq]
-    rows = torch.where(real, start[:, None] + i[None, :], 0)
-    qb = torch.where(real[:, :, None, None], qf[rows], 0.0)  # [B, Tq, H, D]
-    pos = first_pos[:, None] + i[None, :]
-    lo = (pos - window + 1).clamp_min(0) if window > 0 else torch.zeros_like(pos)
-    count = torch.where(real, pos + 1 - lo, 0)
-    first = torch.where(real, lo - lo0[:, None], 0)
-    o = _attend(qb, k, v, first, count, scale, sinks)  # [B, Tq, H, Dv]
-    out[rows[real]] = o[real]
+def _attend_group(g: _Group, qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, scale: float,
+                  sinks: torch.Tensor | None) -> torch.Tensor:
+    """One group's queries over its keys -> float32 [B, Tq, H, Dv] (padded queries included)."""
+    k = _take_rows(kf, g.rows_kv).to(torch.float32)
+    v = _take_rows(vf, g.rows_kv).to(torch.float32)  # a fresh copy: zeroed in place
+    if g.pad is not None:
+        v.view(-1, v.shape[-1]).index_fill_(0, g.pad, 0.0)
+    if g.q_rows is None:
+        qb = qf.view(qf.shape[0], 1, *qf.shape[1:])
+    else:
+        qb = torch.where(g.real[:, :, None, None], qf[g.q_rows], 0.0)  # [B, Tq, H, D]
+    bsz, tq, h, _ = qb.shape
+    logits = _gqa_logits(qb, k, scale)  # a fresh tensor: masked in place by the softmax
+    n = logits.shape[-1]
+    p = _aligned_softmax(logits.reshape(bsz * tq, h, n), g.softmax, sinks)
+    return _gqa_weighted(p.reshape(bsz, tq, h, n), v)
 
 
 def _rows(cache: torch.Tensor, fmt: str, dim: int, ids: torch.Tensor) -> torch.Tensor:

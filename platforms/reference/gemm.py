@@ -8,6 +8,7 @@ size, the CPU's ISA or the BLAS. The weight's grid is computed once and cached p
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import NamedTuple
 
@@ -66,8 +67,35 @@ def fixed_linear(x: torch.Tensor, fw: FixedWeight, expert: int | None = None) ->
     the bits of `numerics.fixed_matmul`."""
     q, scale = (fw.q, fw.scale) if expert is None else (fw.q[expert], fw.scale[expert])
     pa = numerics.dot_bits(x.shape[-1])[0]
+    if 0 < x.shape[0] <= _HOST_SCALE_ROWS and x.shape[1]:
+        sx, sa = _row_scales(x, pa)
+        return numerics.scaled_matmul(numerics._widen_mul(x, sx).round_(), sa, q, scale)
     qa, ea = numerics.to_fixed(x, pa)
     return numerics.scaled_matmul(qa, numerics.pow2((ea - pa).clamp(-1022, 1023)), q, scale)
+
+
+_HOST_SCALE_ROWS = 64  # up to here a Python loop over the row maxima beats ~20 tiny tensor ops
+
+
+def _exponent_bound(m: float) -> int:
+    """`numerics.exponent_bound` of one row from its max |x| (a float32 value, so a normal float64
+    or zero): frexp's exponent is the float64 exponent field - 1022; nan -> 0 (m > 0 fails),
+    inf -> the field's 1025, clamped to 1023."""
+    if m != m or m == 0.0:
+        return 0
+    if m == math.inf:
+        return 1023
+    return min(max(math.frexp(m)[1], numerics._MIN_EXP), 1023)
+
+
+def _row_scales(x: torch.Tensor, pa: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 [M, 1] (2**(pa - e), 2**(e - pa)) for float32 x [M, K] and e its rows'
+    `numerics.exponent_bound`, clamped to [-1022, 1023] as `to_fixed` and `fixed_matmul` clamp:
+    the same values, from the M row maxima on the host (a decode step's rows are few)."""
+    es = [_exponent_bound(m) for m in x.abs().amax(-1).tolist()]
+    sx = [math.ldexp(1.0, min(max(pa - e, -1022), 1023)) for e in es]
+    sa = [math.ldexp(1.0, min(max(e - pa, -1022), 1023)) for e in es]
+    return (torch.tensor(sx, dtype=torch.float64)[:, None], torch.tensor(sa, dtype=torch.float64)[:, None])
 
 
 def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:

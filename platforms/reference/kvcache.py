@@ -15,6 +15,13 @@ def cache_write(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
     slots = slot_mapping.to(torch.int64)
     if slots.shape != (values.shape[0],):
         raise ValueError(f"slot_mapping has shape {tuple(slots.shape)}, expected ({values.shape[0]},)")
+    if not slots.numel():
+        return
+    if int(slots.min()) >= 0:  # the usual case: no slot skipped, no boolean masks to build
+        if int(slots.max()) >= rows.shape[0]:
+            raise ValueError(f"slot {int(slots.max())} is past the cache's {rows.shape[0]} slots")
+        rows[slots] = values
+        return
     keep = slots >= 0
     if keep.any() and int(slots[keep].max()) >= rows.shape[0]:
         raise ValueError(f"slot {int(slots[keep].max())} is past the cache's {rows.shape[0]} slots")

@@ -24,23 +24,35 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     in float32 (no fused multiply-add). Returns a new tensor of x's dtype and shape.
     """
     t, d, half = check_rope_args(x, cos, sin, rope_dim)
-    pos = positions.to(torch.int64)
-    if pos.shape != (t,):
-        raise ValueError(f"positions has shape {tuple(pos.shape)}, expected ({t},)")
-    if t and (int(pos.min()) < 0 or int(pos.max()) >= cos.shape[0]):
-        raise ValueError(f"positions must lie in [0, {cos.shape[0]}) (the cos/sin table length)")
-    c = cos.to(torch.float32)[pos][:, None, :]  # [T, 1, half]
-    s = sin.to(torch.float32)[pos][:, None, :]
+    c, s = _angles(positions, cos, sin, t)
     if inverse:
         s = -s
-    out = x.to(torch.float32).clone()
-    r = out[..., d - rope_dim:]
-    if interleaved:
-        a, b = r[..., 0::2].clone(), r[..., 1::2].clone()
-        r[..., 0::2] = a * c - b * s
-        r[..., 1::2] = a * s + b * c
-    else:
-        a, b = r[..., :half].clone(), r[..., half:].clone()
-        r[..., :half] = a * c - b * s
-        r[..., half:] = a * s + b * c
+    xf = x.to(torch.float32)
+    r = xf[..., d - rope_dim:]
+    a, b = (r[..., 0::2], r[..., 1::2]) if interleaved else (r[..., :half], r[..., half:])
+    ra, rb = a * c - b * s, a * s + b * c
+    rot = torch.stack([ra, rb], -1).flatten(-2) if interleaved else torch.cat([ra, rb], -1)
+    out = rot if rope_dim == d else torch.cat([xf[..., :d - rope_dim], rot], -1)
     return out.to(x.dtype)
+
+
+# (cos, sin, a copy of the positions, (c, s), the tables' versions): a step's q, k and layers share it
+_ANGLES: list = [None]
+
+
+def _angles(positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin float32 rows of `positions` as [T, 1, half], checked and gathered once while the
+    tables are the same objects and the positions equal in value to the last call's."""
+    if positions.shape != (t,):
+        raise ValueError(f"positions has shape {tuple(positions.shape)}, expected ({t},)")
+    hit = _ANGLES[0]
+    versions = (cos._version, sin._version)
+    if (hit is not None and hit[0] is cos and hit[1] is sin and hit[4] == versions
+            and hit[2].dtype == positions.dtype and torch.equal(hit[2], positions)):
+        return hit[3]
+    pos = positions.to(torch.int64)
+    if t and (int(pos.min()) < 0 or int(pos.max()) >= cos.shape[0]):
+        raise ValueError(f"positions must lie in [0, {cos.shape[0]}) (the cos/sin table length)")
+    cs = (cos.to(torch.float32)[pos][:, None, :], sin.to(torch.float32)[pos][:, None, :])
+    _ANGLES[0] = (cos, sin, positions.clone(), cs, versions)
+    return cs
