@@ -6,9 +6,14 @@ mode, the next step); either would make building step N+1 wait for step N.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from shuili.hal.transfer import EventTransfer
+
+PAGE = 4096
+_HOST_REGISTER_MAPPED, _HOST_REGISTER_READ_ONLY = 2, 8
 
 
 class CudaTransfer(EventTransfer):
@@ -18,26 +23,89 @@ class CudaTransfer(EventTransfer):
     def map_host(self, array, device) -> torch.Tensor:
         """A device tensor aliasing host memory (a numpy array, e.g. a memory-mapped Engram table)
         that kernels read over the bus, with no copy and no host involvement per step: the pages are
-        registered with the driver (cudaHostRegister, mapped + read-only) once, and unified
-        addressing makes the host pointer valid on the device. Registering pins the pages, so the
-        host needs the RAM to hold them. Not yet run on a GPU (written without device access)."""
+        registered with the driver (cudaHostRegister, mapped + read-only) once per process, and
+        unified addressing makes the host pointer valid on the device. Registering pins the pages, so
+        the host needs the RAM to hold them; they stay registered (and the array alive) for the
+        process's life. Arrays that share a page (an Engram table's data and scale in one file) are
+        fine: only pages not yet registered are registered, since the driver refuses a range that
+        overlaps one it holds (cudaErrorHostMemoryAlreadyRegistered)."""
         import numpy as np
 
         arr = np.asarray(array)
         if not arr.flags.c_contiguous or arr.dtype != np.uint8:
             raise ValueError("map_host takes a C-contiguous uint8 array")
-        ptr, size, page = arr.ctypes.data, arr.nbytes, 4096
-        base = ptr - ptr % page  # a mapping may start mid-page: register the pages around it
-        length = -(-(ptr + size - base) // page) * page
-        err = torch.cuda.cudart().cudaHostRegister(base, length, 2 | 8)  # Mapped | ReadOnly
-        if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of {length} bytes failed with CUDA error {int(err)}")
+        ptr, size = arr.ctypes.data, arr.nbytes
+        _REGISTRY.register(ptr, size, arr)
         with torch.cuda.device(torch.device(device)):
             return torch.as_tensor(_CudaArray(ptr, tuple(arr.shape)), device=torch.device(device))
 
 
+def page_span(ptr: int, size: int, page: int = PAGE) -> tuple[int, int]:
+    """[start, end) of the whole pages holding bytes [ptr, ptr + size) (a mapping may start mid-page)."""
+    start = ptr - ptr % page
+    return start, -(-(ptr + max(size, 1)) // page) * page
+
+
+def uncovered(span: tuple[int, int], held: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of `span` that no interval in `held` (sorted, disjoint [start, end)) covers."""
+    lo, hi = span
+    gaps = []
+    for s, e in held:
+        if e <= lo or s >= hi:
+            continue
+        if s > lo:
+            gaps.append((lo, s))
+        lo = max(lo, e)
+    if lo < hi:
+        gaps.append((lo, hi))
+    return gaps
+
+
+class _Registry:
+    """The page ranges this process registered with the driver, and the arrays that own them (kept
+    alive: unmapping a registered page would leave the device reading whatever is mapped there next)."""
+
+    def __init__(self):
+        self.held: list[tuple[int, int]] = []
+        self.owners: list[object] = []
+        self.lock = threading.Lock()
+
+    def register(self, ptr: int, size: int, owner) -> None:
+        with self.lock:
+            for s, e in uncovered(page_span(ptr, size), self.held):
+                err = int(torch.cuda.cudart().cudaHostRegister(s, e - s, _HOST_REGISTER_MAPPED | _HOST_REGISTER_READ_ONLY))
+                if err != 0:
+                    _clear_last_error()
+                    raise RuntimeError(f"cudaHostRegister of {e - s} bytes failed with CUDA error {err}")
+                self.held.append((s, e))
+                self.held.sort()
+            self.owners.append(owner)
+
+
+_REGISTRY = _Registry()
+
+
+def _clear_last_error() -> None:
+    """A failed runtime call leaves its error as the thread's last error, which torch's next kernel
+    launch check would raise far from here; read it back so it does not."""
+    import ctypes
+
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            ctypes.CDLL(name).cudaGetLastError()
+            return
+        except OSError:
+            continue
+    try:  # no runtime library by name: a launch's own check consumes the error
+        torch.zeros(1, device="cuda").add_(1)
+    except Exception:  # noqa: BLE001 - the error being consumed
+        pass
+
+
 class _CudaArray:
-    """The __cuda_array_interface__ torch.as_tensor reads to alias a device-valid pointer."""
+    """The __cuda_array_interface__ torch.as_tensor reads to alias a device-valid pointer. The pages
+    are registered read-only; the interface's read-only flag stays False because torch refuses it
+    ("the read only flag is not supported"), and nothing writes through these views."""
 
     def __init__(self, ptr: int, shape: tuple[int, ...]):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": "|u1", "data": (ptr, True), "version": 3}
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "|u1", "data": (ptr, False), "version": 3}

@@ -34,3 +34,50 @@ def test_download_waits_for_its_step_only():
     still_running = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
     assert still_running
+
+
+def test_page_span_and_uncovered_register_each_page_once():
+    from shuili.platforms.nvidia.transfer import page_span, uncovered
+
+    assert page_span(4096 + 10, 5) == (4096, 8192)
+    assert page_span(4096 + 4090, 10) == (4096, 3 * 4096)  # straddles a page boundary
+    assert page_span(8192, 0) == (8192, 3 * 4096)  # an empty array still names its page
+    held = [(0, 4096), (3 * 4096, 4 * 4096)]
+    assert uncovered((0, 4096), held) == []
+    assert uncovered((0, 5 * 4096), held) == [(4096, 3 * 4096), (4 * 4096, 5 * 4096)]
+    assert uncovered((4096, 2 * 4096), held) == [(4096, 2 * 4096)]
+
+
+def test_registry_never_registers_a_page_twice(monkeypatch):
+    """An Engram table's data and scale can share a page; the driver refuses a second registration
+    of it (the H200 run of 2026-12-04 failed so), so the second array registers only new pages."""
+    from shuili.platforms.nvidia import transfer as tr
+
+    calls = []
+
+    class FakeCudart:
+        def cudaHostRegister(self, ptr, size, flags):
+            assert all(ptr + size <= s or ptr >= s + n for s, n in calls), "page registered twice"
+            calls.append((ptr, size))
+            return 0
+
+    monkeypatch.setattr(tr.torch.cuda, "cudart", lambda: FakeCudart())
+    reg = tr._Registry()
+    reg.register(4096 + 100, 8000, "data")  # pages 1..2
+    reg.register(4096 + 8100, 50, "scale")  # its last page is the data's
+    reg.register(4096 + 8100, 9000, "more")  # pages 2..5: 3, 4 and 5 are new
+    assert calls == [(4096, 8192), (3 * 4096, 3 * 4096)]
+    assert reg.owners == ["data", "scale", "more"]
+
+
+@cuda
+def test_map_host_reads_two_arrays_sharing_a_page():
+    import numpy as np
+
+    buf = np.arange(6000, dtype=np.int64).astype(np.uint8)
+    a, b = buf[:3000], buf[3000:5000]  # both lie in one or two pages that they share
+    t = CudaTransfer()
+    da, db = t.map_host(a, "cuda"), t.map_host(b, "cuda")
+    assert torch.equal(da.cpu(), torch.from_numpy(a.copy())) and torch.equal(db.cpu(), torch.from_numpy(b.copy()))
+    torch.zeros(1, device="cuda").add_(1)  # no error left behind for a later launch check
+    torch.cuda.synchronize()
