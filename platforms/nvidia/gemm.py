@@ -35,10 +35,11 @@ BI_MIN_KC = 256
 Q_MAX_M = 128
 Q_MIN_PROGRAMS = 264
 Q_MIN_KC = 256
-# quantized weights go to qgemm.py's decode-tuned kernels when SHUILI_NVIDIA_QGEMM=1; off by default
-# until they have passed tests/nvidia and conformance on a GPU (they have run only in the Triton
-# interpreter and an offline sm_90 compile so far; docs/performance.md). Benchmarks compare the two.
-USE_QGEMM = os.environ.get("SHUILI_NVIDIA_QGEMM", "0") == "1"
+# quantized weights (fp8_block128, mxfp4) go to qgemm.py's decode-tuned kernels; SHUILI_NVIDIA_QGEMM=0
+# sends them to this file's tile instead. On by default since the H200 run of 2026-12-04: mid-v4
+# released-format decode through captured graphs ran 1.12x (batch 1) to 1.49x (batch 16, 64) faster
+# with it (benchmarks/nvidia_decode_ctx.py, docs/performance.md).
+USE_QGEMM = os.environ.get("SHUILI_NVIDIA_QGEMM", "1") != "0"
 
 
 @triton.jit
