@@ -141,12 +141,10 @@ for f, d in runs.items():
           "EXPECT host:", None if ref is None else ref.get("_host"))
 PY
 }
-# What the open issues still need from the H200 after the run of 2026-12-03 20:33 UTC (docs/performance.md),
-# about 8 minutes: V4.1 decode graphs on the GPU (the transfer fix, 651419d), then mid-v4 released-format decode
-# through captured graphs with the opt-in quantized GEMMs (what flipping them on by default waits for), then the
-# disk tier's TTFT after it reads only what a hit uses:
-#   T_TESTS=100 TESTS="tests/nvidia/test_graphs.py -k v41" STAGES="env tests v41graphs" bash benchmarks/run_h200.sh
-#   SHUILI_NVIDIA_QGEMM=1 CTX_ARGS="--formats released --batches 64 --ctx 1024 --iters 10" STAGES="ctx kvtiers" \
+# What the open issues still need from the H200 after the run of 2026-12-04 12:31 UTC (docs/performance.md):
+# issue 20's remaining measurements, decode at batch 1/16/256 with 8192-token prompts and prefill at 4k
+# (E2E_ARGS of benchmarks/nvidia_e2e.py), and a per-kernel profile of the released-format step:
+#   CTX_ARGS="--formats released --batches 64 --ctx 1024 --profile released:64:1024" STAGES="ctx e2e kernels" \
 #     bash benchmarks/run_h200.sh
 for s in $STAGES; do stamp "$s"; "${s}_"; done
 stamp done
