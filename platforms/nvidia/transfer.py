@@ -22,22 +22,46 @@ class CudaTransfer(EventTransfer):
 
     def map_host(self, array, device) -> torch.Tensor:
         """A device tensor aliasing host memory (a numpy array, e.g. a memory-mapped Engram table)
-        that kernels read over the bus, with no copy and no host involvement per step: the pages are
-        registered with the driver (cudaHostRegister, mapped + read-only) once per process, and
-        unified addressing makes the host pointer valid on the device. Registering pins the pages, so
-        the host needs the RAM to hold them; they stay registered (and the array alive) for the
-        process's life. Arrays that share a page (an Engram table's data and scale in one file) are
-        fine: only pages not yet registered are registered, since the driver refuses a range that
-        overlaps one it holds (cudaErrorHostMemoryAlreadyRegistered)."""
+        that kernels read over the bus, with no copy and no host involvement per step. A file-backed
+        array (a memmap, as a checkpoint's tables are) has its pages registered with the driver
+        (cudaHostRegister, mapped + read-only) once per process; unified addressing makes the host
+        pointer valid on the device. Registering pins the pages, so the host needs the RAM to hold
+        them; they stay registered (and the array alive) for the process's life. Arrays that share a
+        page are fine: only pages not yet registered are registered, since the driver refuses a range
+        that overlaps one it holds (cudaErrorHostMemoryAlreadyRegistered).
+        Any other array (heap memory: a random-weight model's tables) is copied once into page-locked
+        memory of its own (cudaHostAlloc, device-readable under unified addressing) instead: heap
+        pages are shared with unrelated objects, and the allocator may return them to the system
+        (trim, madvise) while the driver still holds them registered."""
         import numpy as np
 
         arr = np.asarray(array)
         if not arr.flags.c_contiguous or arr.dtype != np.uint8:
             raise ValueError("map_host takes a C-contiguous uint8 array")
-        ptr, size = arr.ctypes.data, arr.nbytes
-        _REGISTRY.register(ptr, size, arr)
+        if file_backed(array):
+            ptr = arr.ctypes.data
+            _REGISTRY.register(ptr, arr.nbytes, array)
+        else:
+            pinned = torch.empty(max(arr.nbytes, 1), dtype=torch.uint8, pin_memory=True)
+            pinned[:arr.nbytes].numpy()[:] = arr.reshape(-1)
+            _REGISTRY.keep(pinned)
+            ptr = pinned.data_ptr()
         with torch.cuda.device(torch.device(device)):
             return torch.as_tensor(_CudaArray(ptr, tuple(arr.shape)), device=torch.device(device))
+
+
+def file_backed(array) -> bool:
+    """Whether a numpy array's memory is a file mapping (np.memmap or mmap.mmap in its base chain)."""
+    import mmap
+
+    import numpy as np
+
+    a, seen = array, 0
+    while a is not None and seen < 64:
+        if isinstance(a, (np.memmap, mmap.mmap)):
+            return True
+        a, seen = getattr(a, "base", None), seen + 1
+    return False
 
 
 def page_span(ptr: int, size: int, page: int = PAGE) -> tuple[int, int]:
@@ -79,6 +103,10 @@ class _Registry:
                     raise RuntimeError(f"cudaHostRegister of {e - s} bytes failed with CUDA error {err}")
                 self.held.append((s, e))
                 self.held.sort()
+            self.owners.append(owner)
+
+    def keep(self, owner) -> None:
+        with self.lock:
             self.owners.append(owner)
 
 

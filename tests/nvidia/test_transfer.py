@@ -71,13 +71,45 @@ def test_registry_never_registers_a_page_twice(monkeypatch):
 
 
 @cuda
-def test_map_host_reads_two_arrays_sharing_a_page():
+def test_map_host_reads_two_arrays_sharing_a_page(tmp_path):
     import numpy as np
 
-    buf = np.arange(6000, dtype=np.int64).astype(np.uint8)
-    a, b = buf[:3000], buf[3000:5000]  # both lie in one or two pages that they share
+    (tmp_path / "t.bin").write_bytes((np.arange(6000) % 253).astype(np.uint8).tobytes())
+    buf = np.memmap(tmp_path / "t.bin", dtype=np.uint8, mode="r")
+    a, b = buf[:3000], buf[3000:5000]  # one file mapping: they share the page around byte 3000
     t = CudaTransfer()
     da, db = t.map_host(a, "cuda"), t.map_host(b, "cuda")
     assert torch.equal(da.cpu(), torch.from_numpy(a.copy())) and torch.equal(db.cpu(), torch.from_numpy(b.copy()))
     torch.zeros(1, device="cuda").add_(1)  # no error left behind for a later launch check
+    torch.cuda.synchronize()
+
+
+def test_only_file_mappings_are_registered_in_place(tmp_path):
+    """Heap arrays (a random model's Engram tables) share pages with other objects that the
+    allocator may give back to the system, so map_host copies them to pinned memory instead."""
+    import numpy as np
+
+    from shuili.platforms.nvidia.transfer import file_backed
+
+    p = tmp_path / "t.bin"
+    p.write_bytes(bytes(range(256)) * 64)
+    mm = np.memmap(p, dtype=np.uint8, mode="r", offset=4096, shape=(8, 512))
+    assert file_backed(mm) and file_backed(mm[2:5]) and file_backed(np.asarray(mm[1]))
+    heap = np.arange(4096, dtype=np.uint8)
+    assert not file_backed(heap) and not file_backed(heap[10:].view(np.uint8))
+    assert not file_backed(np.ascontiguousarray(mm).copy())
+
+
+@cuda
+def test_map_host_reads_heap_and_file_arrays(tmp_path):
+    import numpy as np
+
+    p = tmp_path / "t.bin"
+    p.write_bytes(bytes(range(256)) * 64)
+    mm = np.memmap(p, dtype=np.uint8, mode="r", offset=100, shape=(3000,))
+    heap = (np.arange(5000) % 251).astype(np.uint8)
+    t = CudaTransfer()
+    for a in (mm, heap, heap[7:4000]):
+        assert torch.equal(t.map_host(a, "cuda").cpu(), torch.from_numpy(np.array(a)))
+    torch.zeros(1, device="cuda").add_(1)
     torch.cuda.synchronize()
