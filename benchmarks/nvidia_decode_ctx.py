@@ -208,7 +208,8 @@ def profile_replay(replay, label: str, rows: int = 12) -> list:
                 key=lambda e: -e.self_device_time_total)
     total = sum(e.self_device_time_total for e in ev) / 3
     out = [(e.key[:70], e.self_device_time_total / 3, e.count // 3) for e in ev[:rows]]
-    print(f"profile {label}: device busy {total:.0f} us per step", flush=True)
+    launches = sum(e.count for e in ev) // 3
+    print(f"profile {label}: device busy {total:.0f} us per step, {launches} kernels", flush=True)
     for k, us, n in out:
         print(f"  {us:9.1f} us {n:5d}x  {k}", flush=True)
     return [{"kernel": k, "us": us, "calls": n} for k, us, n in out] + [{"kernel": "TOTAL", "us": total}]
@@ -237,6 +238,7 @@ def main():
     ap.add_argument("--formats", default="bf16,released")
     ap.add_argument("--bi", default="", help="batch:ctx pairs also timed in batch-invariant mode, e.g. 64:1024")
     ap.add_argument("--profile", default="", help="format:batch:ctx cases to profile, e.g. released:64:65536")
+    ap.add_argument("--profile-rows", type=int, default=12)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--model", default="mid-v4")
     ap.add_argument("--platform", default="nvidia")
@@ -291,9 +293,9 @@ def main():
                                  tok_s=B / step, bytes=nbytes, floor_ms=nbytes / bw * 1e3,
                                  pct_roofline=100 * nbytes / bw / step, capture_s=cap_s,
                                  finite=bool(torch.isfinite(graph.replay()[:B]).all()))
-                        key = f"{fmt}:{B}:{ctx}"
-                        if key in prof_cases and not bi and DEV == "cuda":
-                            r["profile"] = profile_replay(graph.replay, key)
+                        key = f"{fmt}:{B}:{ctx}" + (":bi" if bi else "")
+                        if key in prof_cases and DEV == "cuda":
+                            r["profile"] = profile_replay(graph.replay, key, args.profile_rows)
                     except torch.OutOfMemoryError as exc:
                         r = dict(format=fmt, batch_invariant=bi, batch=B, ctx=ctx, error=f"OOM: {exc}"[:200])
                     rows.append(r)

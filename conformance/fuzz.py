@@ -289,6 +289,30 @@ def gen_kv_dequantize(rng: Rng, fmt: str = "mxfp8", reference=None, **_) -> Case
     return case
 
 
+def gen_compress_pool(rng: Rng, **_) -> Case:
+    n, dim, overlap = rng.size(), rng.choice([8, 64, 128]), rng.coin()
+    ratio = rng.choice([1, 2, 4, 8] if overlap else [1, 4, 16, 128])
+    span = 2 * ratio if overlap else ratio
+    offset = rng.choice([0, 3, 2 * dim])
+    width = offset + (4 if overlap else 2) * dim + rng.choice([0, 5])
+    rows = max(span, rng.int(1, 300))
+    src = rng.ints(0, rows, (n, span))
+    src[rng.ints(0, n, (n // 3,)), rng.ints(0, span, (n // 3,))] = -1  # tokens before the sequence
+    if n > 1:
+        src[rng.int(0, n - 1)] = -1  # an entry with no token at all: zeros
+    out = rng.ints(0, 10 * n, (n,))
+    out[rng.ints(0, n, (n // 4,))] = -1  # not completed this step
+    state = rng.normal(rows, width)
+    cols = torch.arange(width)  # gates of unequal scales: peaked and flat softmaxes
+    gate = (cols >= offset + (2 if overlap else 1) * dim) & (cols < offset + (4 if overlap else 2) * dim)
+    state = torch.where(gate, state * rng.choice([0.1, 1.0, 8.0]), state)
+    kw = {"state": state, "src_slots": src, "out_slots": out, "offset": offset, "dim": dim, "overlap": overlap}
+    case = Case("compress_pool", 0, kw, (), n, params={"N": n, "L": span, "dim": dim, "overlap": overlap,
+                                                        "offset": offset})
+    case.split = _rows({"src_slots": 0, "out_slots": 0})(case)
+    return case
+
+
 def gen_cache_write(rng: Rng, **_) -> Case:
     nb, bs, d = rng.int(1, 6), rng.choice([4, 16]), rng.choice([8, 32])
     n = rng.int(1, nb * bs)

@@ -242,6 +242,31 @@ def cache_write(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
     """
 
 
+@_op("kv", since="1.6")
+def compress_pool(
+    state: torch.Tensor,
+    src_slots: torch.Tensor,
+    out_slots: torch.Tensor,
+    offset: int,
+    dim: int,
+    overlap: bool,
+) -> torch.Tensor:
+    """DeepSeek-V4 KV compression: pool each completed entry's source tokens from the compressor
+    state into one row. state float32 [S, W] (per-token state rows; W >= offset + 4 dim when
+    overlap, else offset + 2 dim); src_slots int64 [N, L]: entry i's source tokens in order, as state
+    rows (-1: no token; it takes no part); out_slots int64 [N]: -1 marks an entry not completed in
+    this step (a fixed-shape decode step lists every token), whose output row is zeros and for which
+    nothing is read. Token j of entry i, s = src_slots[i, j]:
+      overlap False: kv = state[s, offset : offset+dim], gate = state[s, offset+dim : offset+2dim];
+      overlap True (V4 CSA, L = 2r: the previous block's r tokens, then this block's r):
+        j <  r: kv = state[s, offset       : offset+dim],  gate = state[s, offset+2dim : offset+3dim];
+        j >= r: kv = state[s, offset+dim   : offset+2dim], gate = state[s, offset+3dim : offset+4dim].
+    out[i, c] = sum_j softmax_j(gate[i, j, c]) kv[i, j, c]: a softmax over the entry's tokens, per
+    channel c; an entry with no token gives zeros. Returns float32 [N, dim]. Row-local: entry i's
+    row depends only on its own source rows.
+    """
+
+
 # --------------------------------------------------------------------------------------- attention
 @_op("attention")
 def paged_attention(

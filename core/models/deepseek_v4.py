@@ -401,21 +401,10 @@ class DeepseekV4Model:
         if new.out_slots.numel() == 0:
             return
         ops, cfg = self.ops, self.cfg
-        n, dim, r = c.coff * c.dim, c.dim, c.ratio
-        rows = state.view(-1, state.shape[-1])[new.src_slots.clamp(min=0)][..., off:off + 2 * n]
-        kv, gate = rows[..., :n], rows[..., n:]
-        if c.coff == 2:  # slots [0, r): the previous block's Ca half; [r, 2r): this block's Cb half
-            kv = torch.cat([kv[:, :r, :dim], kv[:, r:, dim:]], dim=1)
-            gate = torch.cat([gate[:, :r, :dim], gate[:, r:, dim:]], dim=1)
-        # a row that is not written (out slot -1: static decode) may have no source slot at all; let
-        # it pool finite stale rows rather than softmax over all -inf
-        valid = ((new.src_slots >= 0) | (new.out_slots < 0)[:, None])[..., None]
-        kv = torch.where(valid, kv, torch.zeros_like(kv))
-        gate = torch.where(valid, gate, torch.full_like(gate, float("-inf")))
-        # softmax over the 2r (or r) token slots, per channel, in float32 from `hal.numerics`: torch's
-        # softmax and sum take their exp and order from the host's ISA
-        p = numerics.softmax_last(gate.float().transpose(1, 2)).transpose(1, 2)
-        pooled = numerics.tree_sum(kv.float() * p, dim=1).to(self.dtype)  # [N, dim]
+        dim = c.dim
+        # a static decode step lists every token; the op reads only the entries completed (out slot >= 0)
+        pooled = ops.compress_pool(state.view(-1, state.shape[-1]), new.src_slots, new.out_slots, off, dim,
+                                   c.coff == 2).to(self.dtype)  # [N, dim]
         pooled = ops.rms_norm(pooled, c.norm, cfg.rms_norm_eps).view(-1, 1, dim)
         cos, sin = self.rope[True]
         pooled = ops.rope(pooled, new.positions, cos, sin, cfg.qk_rope_head_dim).reshape(-1, dim)

@@ -371,13 +371,9 @@ class DeepseekV41Model:
             self.ops.cache_write(state, meta.batch.slot_mapping[state_group(src)], proj)
             if new.out_slots.numel() == 0:
                 return
-            rows = state.view(-1, 2 * d)[new.src.clamp(min=0)]  # [N, r, 2d]
-            if new.done is not None:  # static decode: a row that completes no entry pools zeros, never stored
-                rows = torch.where(new.done[:, None, None], rows, torch.zeros_like(rows))
-            kv, gate = rows[..., :d], rows[..., d:]
-            # per-channel softmax over the group's tokens, in float32 from `hal.numerics`
-            pw = numerics.softmax_last(gate.transpose(1, 2)).transpose(1, 2)
-            latent = numerics.tree_sum(kv * pw, dim=1).to(self.dtype)  # [N, d]
+            # static decode: a row that completes no entry has out slot -1; the op reads nothing for
+            # it and returns zeros, which are never stored
+            latent = ops.compress_pool(state.view(-1, 2 * d), new.src, new.out_slots, 0, d, False).to(self.dtype)
         if new.out_slots.numel() == 0:
             return
         latent = ops.rms_norm(latent, c.norm, cfg.rms_norm_eps)

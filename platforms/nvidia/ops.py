@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 
 from shuili.platforms.nvidia import (
-    attention, gemm, indexer, misc, moe, norm_rope, quant, sampling,
+    attention, compress, gemm, indexer, misc, moe, norm_rope, quant, sampling,
 )
 from shuili.platforms.reference.public import OPS as REFERENCE_OPS
 
@@ -29,6 +29,7 @@ PLAIN_OPS = {
     "kv_quantize": quant.kv_quantize,
     "kv_dequantize": quant.kv_dequantize,
     "cache_write": misc.cache_write,
+    "compress_pool": compress.compress_pool,
     "sparse_attention": attention.sparse_attention,
     "indexer_topk": indexer.indexer_topk,
     "indexer_select": indexer.indexer_select,

@@ -48,6 +48,8 @@ _CAPS = {
     "kv_quantize": (_F32, _KV, L.portable_bitwise, L.portable_bitwise, "integer/bit arithmetic"),
     "kv_dequantize": (_F32, _KV, L.portable_bitwise, L.portable_bitwise, "exact decode"),
     "cache_write": (_ACT, (), L.portable_bitwise, L.portable_bitwise, "byte copy"),
+    "compress_pool": (_F32, (), L.batch_invariant, L.batch_invariant,
+                      "one program per (entry, channel block); an entry not completed reads nothing"),
     "paged_attention": (_ACT, (), L.run_to_run, L.batch_invariant,
                         "default: KV split sized to fill the GPU for decode; batch-invariant "
                         "mode: fixed 1024-position splits for prefill and decode alike"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from shuili.hal import numerics
 from shuili.platforms.reference import quant
 
 
@@ -36,3 +37,31 @@ def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
 def kv_dequantize(packed: torch.Tensor, fmt: str, dim: int) -> torch.Tensor:
     """Exact inverse of `kv_quantize`: float32 [N, dim]."""
     return quant.kv_dequantize(packed, fmt, dim)
+
+
+def compress_pool(state: torch.Tensor, src_slots: torch.Tensor, out_slots: torch.Tensor, offset: int,
+                  dim: int, overlap: bool) -> torch.Tensor:
+    """float32 [N, dim]: per-channel softmax of the gates over each entry's tokens, then the
+    weighted sum of their kv, both from `hal.numerics` (fixed-tree sums, host-independent exp)."""
+    n, span = src_slots.shape
+    width = 4 * dim if overlap else 2 * dim
+    if state.shape[-1] < offset + width:
+        raise ValueError(f"compress_pool: state rows of {state.shape[-1]} values cannot hold offset {offset} "
+                         f"+ {width} (dim {dim}, overlap {overlap})")
+    if overlap and span % 2:
+        raise ValueError(f"compress_pool: overlap needs an even number of source tokens, got {span}")
+    if out_slots.shape != (n,):
+        raise ValueError(f"compress_pool: out_slots {tuple(out_slots.shape)} must be [{n}]")
+    src = src_slots.to(torch.int64)
+    rows = state.reshape(-1, state.shape[-1])[src.clamp(min=0)][..., offset:offset + width]  # [N, L, width]
+    if overlap:  # tokens [0, r): the previous block's Ca half; [r, 2r): this block's Cb half
+        r = span // 2
+        kv = torch.cat([rows[:, :r, :dim], rows[:, r:, dim:2 * dim]], dim=1)
+        gate = torch.cat([rows[:, :r, 2 * dim:3 * dim], rows[:, r:, 3 * dim:]], dim=1)
+    else:
+        kv, gate = rows[..., :dim], rows[..., dim:]
+    keep = ((src >= 0) & (out_slots >= 0)[:, None])[..., None]
+    kv = torch.where(keep, kv.float(), torch.zeros((), dtype=torch.float32, device=kv.device))
+    gate = torch.where(keep, gate.float(), torch.full((), float("-inf"), device=gate.device))
+    p = numerics.softmax_last(gate.transpose(1, 2)).transpose(1, 2)
+    return numerics.tree_sum(kv * p, dim=1)

@@ -6,7 +6,7 @@ import torch
 
 from shuili.hal.types import Weight
 from shuili.platforms.reference.ops import OPS as REF
-from shuili.platforms.nvidia import attention, gemm, indexer, misc, moe, norm_rope, quant, sampling
+from shuili.platforms.nvidia import attention, compress, gemm, indexer, misc, moe, norm_rope, quant, sampling
 
 DTYPES = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else [])
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
@@ -37,6 +37,27 @@ def test_kv_quantize_bitwise(device, fmt, d):
     assert torch.equal(got, want), f"{fmt}: {(got != want).sum()} bytes differ"
     back = quant.kv_dequantize(want.to(device), fmt, d).cpu()
     assert torch.equal(back.view(torch.int32), REF["kv_dequantize"](want, fmt, d).view(torch.int32))
+
+
+# ------------------------------------------------------------------------------ KV compression
+@pytest.mark.parametrize("overlap,span,dim", [(True, 8, 64), (False, 128, 32), (False, 2, 128), (True, 2, 16)])
+def test_compress_pool(device, overlap, span, dim):
+    n, off = 37, 5
+    gen = g(span + dim)
+    state = torch.randn(300, off + (4 if overlap else 2) * dim + 3, generator=gen) * 2
+    src = torch.randint(0, 300, (n, span), generator=gen)
+    src[3, :] = -1  # no token at all: zeros
+    src[4, : span // 2] = -1  # tokens before the sequence
+    out = torch.arange(n) * 7
+    out[[1, 6, 30]] = -1  # not completed: zeros, nothing read
+    want = REF["compress_pool"](state, src, out, off, dim, overlap)
+    got = compress.compress_pool(state.to(device), src.to(device), out.to(device), off, dim, overlap).cpu()
+    assert rel(got, want) < 1e-5
+    assert (got[[1, 3, 6, 30]] == 0).all() and (got[4] != 0).any()
+    for i in (0, 4, n - 1):  # each entry alone gives its row of the batch, bit for bit
+        one = compress.compress_pool(state.to(device), src[i:i + 1].to(device), out[i:i + 1].to(device), off, dim,
+                                     overlap).cpu()
+        assert torch.equal(one, got[i:i + 1])
 
 
 # ------------------------------------------------------------------------------ norms and rotary
