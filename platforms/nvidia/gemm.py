@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from shuili.hal.types import Weight
-from shuili.platforms.nvidia import qgemm
+from shuili.platforms.nvidia import moe_prep, qgemm
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, interpreting
 from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
 
@@ -295,6 +295,11 @@ def group_tiles(group_sizes: torch.Tensor, m: int, bm: int):
     return torch.where(grp < e, grp, -1).contiguous(), r0.contiguous(), r1.contiguous(), nt
 
 
+def expert_order(flat: torch.Tensor, e: int, bm: int):
+    """(stable order of the rows by expert, rows per expert, group_tiles map): one launch."""
+    return moe_prep.moe_prep(flat, e, bm, group_tiles)
+
+
 def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,
                    batch_invariant: bool = False, out_dtype: torch.dtype | None = None,
                    weight_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -334,16 +339,15 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     through the hi/lo split. Rounding any of them to bf16 put bf16 mxfp4 cases outside tolerance."""
     if USE_QGEMM and qgemm.supports(w13) and qgemm.supports(w2):
         return qgemm.moe_experts(x, topk_ids, topk_weights, w13, w2, swiglu_limit, batch_invariant,
-                                 group_tiles)
+                                 expert_order)
     t, k = topk_ids.shape
     e = w13.shape[0]
     flat = topk_ids.reshape(-1).to(torch.int64)
     check((flat >= 0) & (flat < e), f"moe_experts: topk_ids must lie in [0, {e})")
-    order = torch.argsort(flat, stable=True)
-    sizes = torch.zeros(e, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
-    xs = x[order // k]
     # both GEMMs have t * k rows in the same groups: one tile map (built on the device) serves both
-    tiles = group_tiles(sizes, t * k, _grouped_tile(t * k, e, batch_invariant)[0]) if t else None
+    order, sizes, tiles = expert_order(flat, e, _grouped_tile(t * k, e, batch_invariant)[0])
+    tiles = tiles if t else None
+    xs = x[order // k]
     h = _grouped(xs, w13, sizes, tiles, batch_invariant, out_dtype=torch.float32)
     inter = h.shape[1] // 2
     g, u = h[:, :inter], h[:, inter:]

@@ -322,9 +322,9 @@ def group_bm(m: int, e: int, batch_invariant: bool) -> int:
     return BI_TILE[0] if batch_invariant else min(64, pow2(cdiv(m, max(e, 1)), 16))
 
 
-def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit, batch_invariant, group_tiles):
-    """Routed experts, both weights quantized (see the module docstring); group_tiles builds the
-    device-side tile map (gemm.group_tiles)."""
+def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit, batch_invariant, expert_order):
+    """Routed experts, both weights quantized (see the module docstring); expert_order gives the rows'
+    stable order by expert, the rows per expert and the device-side tile map (gemm.expert_order)."""
     t, k = topk_ids.shape
     e, d = w13.shape[0], x.shape[1]
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)
@@ -332,10 +332,8 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
         return out.zero_()
     flat = topk_ids.reshape(-1).to(torch.int64)
     check((flat >= 0) & (flat < e), f"moe_experts: topk_ids must lie in [0, {e})")
-    order = torch.argsort(flat, stable=True)
-    sizes = torch.zeros(e, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
     bm = group_bm(t * k, e, batch_invariant)
-    tiles = group_tiles(sizes, t * k, bm)
+    order, _, tiles = expert_order(flat, e, bm)
     inter = w13.shape[1] // 2
     a = torch.empty(t * k, inter, dtype=torch.float32, device=x.device)
     _launch(x.contiguous(), w13, a, tiles=tiles, xi=order, topk=k, swiglu=True, limit=swiglu_limit,
