@@ -212,7 +212,21 @@ def profile_replay(replay, label: str, rows: int = 12) -> list:
     print(f"profile {label}: device busy {total:.0f} us per step, {launches} kernels", flush=True)
     for k, us, n in out:
         print(f"  {us:9.1f} us {n:5d}x  {k}", flush=True)
-    return [{"kernel": k, "us": us, "calls": n} for k, us, n in out] + [{"kernel": "TOTAL", "us": total}]
+    # one replay's kernels in launch order: which call of a kernel is slow (e.g. the MoE's qgemm)
+    try:
+        seq = sorted((e for e in p.events() if e.device_type.name == "CUDA" and e.device_time_total > 0),
+                     key=lambda e: e.time_range.start)[:launches]
+        trace = [(e.name[:60], e.device_time_total) for e in seq]
+    except Exception as exc:  # a profiler without these event fields: keep the averages
+        print(f"no launch trace: {exc!r}", flush=True)
+        trace = []
+    slow = sorted(range(len(trace)), key=lambda i: -trace[i][1])[:25]
+    print(f"slowest single launches of {label} (index in the step, us, kernel, previous kernel):", flush=True)
+    for i in sorted(slow):
+        print(f"  {i:5d} {trace[i][1]:8.1f}  {trace[i][0][:40]:40s} after {trace[i - 1][0][:40] if i else '-'}",
+              flush=True)
+    return ([{"kernel": k, "us": us, "calls": n} for k, us, n in out] + [{"kernel": "TOTAL", "us": total}]
+            + [{"trace": trace}])
 
 
 def copy_rate() -> float:

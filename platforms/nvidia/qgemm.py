@@ -16,8 +16,8 @@ tile:
 Determinism. Every output element is a fixed-order sum over K in BK steps; K is cut into SPLIT
 fixed chunks whose fp32 partials are added in chunk order by a second kernel. Default mode picks
 tiles and split from (M, weight shape): run to run deterministic. Batch-invariant mode fixes the
-tile (BI_TILE) and takes the split from the weight's shape alone, so a row's bits never depend on
-M or on its position. The dense format stays in gemm.py (cuBLAS, or its locked batch-invariant
+tile (BI_TILE; grouped GEMMs BI_GROUP_BM rows) and takes the split from the weight's shape alone,
+so a row's bits never depend on M or on its position. The dense format stays in gemm.py (cuBLAS, or its locked batch-invariant
 tile).
 
 MoE (moe_experts): one tile map serves both expert GEMMs; GEMM1 reads its rows through the sort
@@ -27,6 +27,8 @@ stores it at its (token, slot) place, and one kernel adds the k slots in slot or
 float32 throughout, as the contract asks.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -43,7 +45,10 @@ BN_DEFAULT = 64
 # split K until about MIN_PROGRAMS programs stream the weight, chunks of at least MIN_KC
 MIN_PROGRAMS = 264
 MIN_KC = 512
-BI_MIN_PROGRAMS = 132
+BI_MIN_PROGRAMS = int(os.environ.get("SHUILI_NVIDIA_QGEMM_BI_PROGRAMS", "132"))
+# batch-invariant row tile of grouped GEMMs (MoE experts, grouped o-projection), fixed for every M: 16
+# fits decode's few rows per expert (mid-v4 batch 64: 12); at 64 a decode step took 11.3 ms, not 9.8
+BI_GROUP_BM = int(os.environ.get("SHUILI_NVIDIA_QGEMM_BI_GROUP_BM", "16"))
 # row tiles of 64 (one Hopper warpgroup MMA) at most: a 128-row tile needs 120 KB of shared memory
 # for 3 stages (one program per SM), where 64 rows leave room for three
 MAX_BM = 64
@@ -319,7 +324,7 @@ def grouped(x, w: Weight, tiles, y, batch_invariant: bool, hilo: bool, bm: int) 
 
 def group_bm(m: int, e: int, batch_invariant: bool) -> int:
     """Row tile of a grouped GEMM: by rows per group (decode: a few rows per expert)."""
-    return BI_TILE[0] if batch_invariant else min(64, pow2(cdiv(m, max(e, 1)), 16))
+    return BI_GROUP_BM if batch_invariant else min(64, pow2(cdiv(m, max(e, 1)), 16))
 
 
 def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit, batch_invariant, expert_order):
