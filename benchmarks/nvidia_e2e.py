@@ -92,6 +92,49 @@ def sync():
         torch.cuda.synchronize()
 
 
+def matmul_rate(device: str, n: int = 8192) -> float:
+    """FLOP/s of one bf16 n^3 torch.matmul (the compute ceiling prefill is held to)."""
+    if device != "cuda":
+        return 1e12
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync()
+    t = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    sync()
+    return 2 * n ** 3 * 10 / (time.perf_counter() - t)
+
+
+def prefill_flops_per_token(cfg, params, prompt_len: int) -> float:
+    """FLOPs a prompt token costs in prefill, counted from the weights and the config: 2 per weight
+    it multiplies (routed experts at top-k / E; embedding and head left out: the head runs for the
+    last token only), plus attention's QK and PV over the entries each query reads (window, CSA
+    top-k, HCA) and the indexer's scores, averaged over the prompt's positions."""
+    linear = 0.0
+    for name, v in params.items():
+        if name.startswith(("embed.", "head.")) or not hasattr(v, "shape") or len(v.shape) < 2:
+            continue
+        if getattr(v, "dtype", None) in (torch.int64, torch.int32):
+            continue
+        n = float(torch.Size(v.shape).numel())
+        linear += n * cfg.num_experts_per_tok / cfg.n_routed_experts if ".experts." in name else n
+    pos = torch.arange(1, prompt_len + 1, dtype=torch.float64)  # visible tokens per query
+    per_entry = 4 * cfg.num_attention_heads * cfg.head_dim
+    attn = 0.0
+    for kind in cfg.attn_kinds:
+        ent = pos.clamp(max=cfg.sliding_window)
+        if kind == "csa":
+            ent = ent + torch.div(pos, cfg.csa_ratio, rounding_mode="floor").clamp(max=cfg.index_topk)
+            attn += float((torch.div(pos, cfg.csa_ratio, rounding_mode="floor")).mean()) * 2 * cfg.index_n_heads * cfg.index_head_dim
+        elif kind == "hca":
+            ent = ent + torch.div(pos, cfg.hca_ratio, rounding_mode="floor")
+        attn += float(ent.mean()) * per_entry
+    return 2 * linear + attn
+
+
 def hf_runs(cfg, params, args, prompts):
     import transformers
 
@@ -150,6 +193,10 @@ def main():
     rng = random.Random(0)
     prompts = [[rng.randrange(2, cfg.vocab_size) for _ in range(args.input_len)] for _ in range(args.batch)]
     res = {"config": vars(args), "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
+    res["prefill_flops_per_token"] = prefill_flops_per_token(cfg, params, args.input_len)
+    res["matmul_flop_s"] = matmul_rate(args.device)
+    print(f"prefill: {res['prefill_flops_per_token'] / 1e9:.3f} GFLOP per token at prompt {args.input_len}; "
+          f"bf16 matmul {res['matmul_flop_s'] / 1e12:.0f} TFLOP/s", flush=True)
     firsts = {}
     for v in args.variants.split(","):
         res[f"shuili_{v}"], firsts[v] = shuili_runs(cfg, params, v, args, prompts)
@@ -176,6 +223,11 @@ def main():
     for k in [f"shuili_{v}" for v in firsts] + ["transformers"]:
         if k in res:
             print(f"{k:<26}{res[k]['prefill_tok_s']:14.0f}{res[k]['decode_tok_s']:14.1f}")
+    for k in [f"shuili_{v}" for v in firsts] + ["transformers"]:
+        if k in res:  # prefill against the compute ceiling: FLOPs counted above over the matmul rate
+            res[k]["prefill_pct_of_compute"] = (100 * res[k]["prefill_tok_s"] * res["prefill_flops_per_token"]
+                                                / res["matmul_flop_s"])
+            print(f"{k}: prefill {res[k]['prefill_pct_of_compute']:.1f}% of the bf16 compute roofline")
     for k, x in res.items():
         if k.endswith(("_pct", "_vs_hf")):
             print(f"{k}: {x:.3f}")
