@@ -238,6 +238,30 @@ def gen_engram_gate(rng: Rng, **_) -> Case:
     return case
 
 
+def _streams(rng: Rng) -> tuple[int, int, int, torch.Tensor]:
+    """T, m, D and the streams x [T, m, D]: streams of unequal scales, as after many layers."""
+    t, m, d = rng.size(), rng.choice([1, 2, 4]), rng.choice([8, 64, 256])
+    return t, m, d, rng.normal(t, m, d) * rng.uniform(1, m, 1, lo=0.05, hi=30.0)
+
+
+def gen_hc_collapse(rng: Rng, **_) -> Case:
+    t, m, d, x = _streams(rng)
+    kw = {"x": x, "pre": rng.uniform(t, m, lo=1e-6, hi=1.0)}  # sigmoid + eps: (0, 1]
+    case = Case("hc_collapse", 0, kw, ("x",), t, params={"T": t, "m": m, "D": d})
+    case.split = _rows({"x": 0, "pre": 0})(case)
+    return case
+
+
+def gen_hc_expand(rng: Rng, **_) -> Case:
+    t, m, d, x = _streams(rng)
+    kw = {"f": rng.normal(t, d, std=rng.choice([0.1, 1.0, 10.0])), "x": x,
+          "post": rng.uniform(t, m, lo=0.0, hi=2.0),  # 2 sigmoid
+          "comb": rng.uniform(t, m, m)}  # Sinkhorn: non-negative, rows and columns near 1
+    case = Case("hc_expand", 0, kw, ("f", "x"), t, params={"T": t, "m": m, "D": d})
+    case.split = _rows({"f": 0, "x": 0, "post": 0, "comb": 0})(case)
+    return case
+
+
 # ---------------------------------------------------------------------------------------- routing
 _SCORINGS = ("sqrtsoftplus", "softmax", "sigmoid")
 

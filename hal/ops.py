@@ -180,6 +180,32 @@ def engram_gate(
     """
 
 
+@_op("mhc", since="1.6")
+def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V4 mHC collapse: the m residual streams into one layer input. x [T, m, D] compute
+    dtype (m >= 1 hc streams); pre float32 [T, m] (hc_split_sinkhorn's first output).
+    y[t, :] = sum_k pre[t, k] * x[t, k, :], each product and every sum in float32, the sum over k
+    a fixed pairwise tree (`hal.numerics.tree_sum`: zero-pad m to a power of two, then add the
+    upper half onto the lower half, element k pairing with k + width/2, until one is left); the
+    result cast once to x's dtype                                               -> [T, D], x's dtype
+    Row-local: token t's output depends only on x[t] and pre[t].
+    """
+
+
+@_op("mhc", since="1.6")
+def hc_expand(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V4 mHC expand: a layer's output written back into the m residual streams.
+    f [T, D] compute dtype (the attention or MoE output); x [T, m, D] compute dtype (the streams
+    the layer read); post float32 [T, m]; comb float32 [T, m, m] (hc_split_sinkhorn's second and
+    third outputs). For each output stream k, in float32:
+    out[t, k, :] = post[t, k] * f[t, :] + sum_j comb[t, j, k] * x[t, j, :]
+    accumulated left to right: start from post[t, k] * f[t, :], then add comb[t, j, k] * x[t, j, :]
+    for j = 0, 1, ..., m - 1 (each product rounded to float32 before its add); the result cast once
+    to x's dtype                                                                -> [T, m, D], x's dtype
+    Row-local: token t's output depends only on f[t], x[t], post[t] and comb[t].
+    """
+
+
 # ------------------------------------------------------------------------------------------ routing
 @_op("moe")
 def moe_route_topk(

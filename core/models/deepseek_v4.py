@@ -299,7 +299,7 @@ class DeepseekV4Model:
         scale = torch.cat([hc.scale.float().reshape(1), torch.ones(2, device=x.device)])
         base = torch.cat([hc.base.float(), torch.zeros(m * (m + 1), device=x.device)])
         pre = ops.hc_split_sinkhorn(torch.cat([mix, pad], -1), scale, base, m, 1, cfg.hc_eps)[0]
-        y = numerics.tree_sum(pre[..., None] * x.float(), dim=1).to(self.dtype)
+        y = ops.hc_collapse(x, pre)  # the streams are in self.dtype, so no second cast
         return ops.linear(ops.rms_norm(y, norm, cfg.rms_norm_eps), self.head).float()
 
     def _hc_pre(self, hc: HC, x: torch.Tensor):
@@ -308,26 +308,16 @@ class DeepseekV4Model:
         flat = ops.rms_norm(x.reshape(T, m * D).float(), None, cfg.rms_norm_eps)
         mix = ops.linear(flat, hc.fn).float()
         pre, post, comb = ops.hc_split_sinkhorn(mix, hc.scale, hc.base, m, cfg.hc_sinkhorn_iters, cfg.hc_eps)
-        u = numerics.tree_sum(pre[..., None] * x.float(), dim=1).to(x.dtype)  # [T, D]
-        return u, post, comb
-
-    @staticmethod
-    def _hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-        # X'[k] = post[k] f + sum_j comb[j, k] X[j], summed in fixed j order
-        out = post[..., None] * f.float()[:, None, :]
-        xf = x.float()
-        for j in range(x.shape[1]):
-            out = out + comb[:, j, :, None] * xf[:, j, None, :]
-        return out.to(x.dtype)
+        return ops.hc_collapse(x, pre), post, comb  # [T, D]
 
     def _block(self, blk: Block, layer: int, x: torch.Tensor, meta: _Meta, ids: torch.Tensor) -> torch.Tensor:
         ops, eps = self.ops, self.cfg.rms_norm_eps
         u, post, comb = self._hc_pre(blk.hc_attn, x)
         a = self._attention(blk.attn, layer, ops.rms_norm(u, blk.attn_norm, eps), meta)
-        x = self._hc_post(a, x, post, comb)
+        x = ops.hc_expand(a, x, post, comb)
         u, post, comb = self._hc_pre(blk.hc_ffn, x)
         f = self._moe(blk.ffn, ops.rms_norm(u, blk.ffn_norm, eps), ids)
-        return self._hc_post(f, x, post, comb)
+        return ops.hc_expand(f, x, post, comb)
 
     def _moe(self, p: Moe, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         ops, cfg = self.ops, self.cfg

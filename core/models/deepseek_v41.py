@@ -251,7 +251,7 @@ class DeepseekV41Model:
             x, pre = self._block(blk, i, x, pre, meta, shared)
         self.last_hidden = torch.cat([taps[i] for i in cfg.dspark_taps], dim=-1) if keep_hidden else None
         x = x[batch.logits_indices]
-        u = numerics.tree_sum(pre[batch.logits_indices][..., None] * x.float(), dim=1).to(self.dtype)
+        u = ops.hc_collapse(x, pre[batch.logits_indices])  # the streams are in self.dtype: no second cast
         return self._logits(ops.rms_norm(u, self.norm, cfg.rms_norm_eps))
 
     # the three places a tensor-parallel subclass (core/parallel/model_v41.py) gathers its shards
@@ -273,11 +273,11 @@ class DeepseekV41Model:
     def _block(self, blk: Block, layer: int, x: torch.Tensor, pre: torch.Tensor, meta: _Meta, shared: _Shared):
         ops, eps = self.ops, self.cfg.rms_norm_eps
         pre_a, post, comb = self._hc(blk.hc_attn, x)
-        a = self._attention(blk.attn, layer, ops.rms_norm(self._collapse(x, pre), blk.attn_norm, eps), meta, shared)
-        x = self._expand(a, x, post, comb)
+        a = self._attention(blk.attn, layer, ops.rms_norm(ops.hc_collapse(x, pre), blk.attn_norm, eps), meta, shared)
+        x = ops.hc_expand(a, x, post, comb)
         pre_f, post, comb = self._hc(blk.hc_ffn, x)
-        f = self._moe(blk.ffn, ops.rms_norm(self._collapse(x, pre_a), blk.ffn_norm, eps))
-        return self._expand(f, x, post, comb), pre_f
+        f = self._moe(blk.ffn, ops.rms_norm(ops.hc_collapse(x, pre_a), blk.ffn_norm, eps))
+        return ops.hc_expand(f, x, post, comb), pre_f
 
     def _hc(self, hc: HC, x: torch.Tensor):
         ops, cfg = self.ops, self.cfg
@@ -285,19 +285,6 @@ class DeepseekV41Model:
         flat = ops.rms_norm(x.reshape(T, m * D).float(), None, cfg.rms_norm_eps)
         mix = ops.linear(flat, hc.fn).float()
         return ops.hc_split_sinkhorn(mix, hc.scale, hc.base, m, cfg.hc_sinkhorn_iters, cfg.hc_eps)
-
-    @staticmethod
-    def _collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-        return numerics.tree_sum(pre[..., None] * x.float(), dim=1).to(x.dtype)  # [T, D]
-
-    @staticmethod
-    def _expand(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-        # X'[k] = post[k] f + sum_j comb[j, k] X[j], summed in fixed j order
-        out = post[..., None] * f.float()[:, None, :]
-        xf = x.float()
-        for j in range(x.shape[1]):
-            out = out + comb[:, j, :, None] * xf[:, j, None, :]
-        return out.to(x.dtype)
 
     def _moe(self, p: Moe, x: torch.Tensor) -> torch.Tensor:
         ops, cfg = self.ops, self.cfg

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.models.deepseek_v4_cache import token_slots
-from shuili.hal import numerics
 from shuili.hal.types import Weight
 
 
@@ -113,13 +112,13 @@ class DSpark:
         for k, blk in enumerate(self.w.blocks):
             eps = cfg.rms_norm_eps
             pre_a, post, comb = m._hc(blk.hc_attn, x)
-            a_in = ops.rms_norm(m._collapse(x, pre), blk.attn_norm, eps)
+            a_in = ops.rms_norm(ops.hc_collapse(x, pre), blk.attn_norm, eps)
             a = self._attention(blk.attn, self.layer0 + k, a_in, pos, ctx_idx, blk_idx)
-            x = m._expand(a, x, post, comb)
+            x = ops.hc_expand(a, x, post, comb)
             pre_f, post, comb = m._hc(blk.hc_ffn, x)
-            f = self._moe(blk.ffn, ops.rms_norm(m._collapse(x, pre_a), blk.ffn_norm, eps))
-            x, pre = m._expand(f, x, post, comb), pre_f
-        h = numerics.tree_sum(pre[..., None] * x.float(), dim=1).to(m.dtype)  # [C*b, D]
+            f = self._moe(blk.ffn, ops.rms_norm(ops.hc_collapse(x, pre_a), blk.ffn_norm, eps))
+            x, pre = ops.hc_expand(f, x, post, comb), pre_f
+        h = ops.hc_collapse(x, pre)  # [C*b, D]; the streams are in m.dtype: no second cast
         U = ops.linear(ops.rms_norm(h, self.w.norm, cfg.rms_norm_eps), m.head).float()
         return h.view(C, b, -1), U.view(C, b, -1)
 

@@ -30,6 +30,8 @@ KERNELS = {
     "embedding": ("torch embedding", "elementwise"),
     "hc_split_sinkhorn": ("host torch (reference numerics)", "host"),
     "engram_gate": ("host torch (reference numerics)", "host"),
+    "hc_collapse": ("torch on device (the reference's code: float32 products, fixed-tree sum)", "elementwise"),
+    "hc_expand": ("torch on device (the reference's code: float32, streams added in order)", "elementwise"),
     "moe_route_topk": ("npu_moe_gating_top_k (sigmoid/softmax), renorm in Python; host torch for sqrtsoftplus", "row"),
     "moe_route_hash": ("npu_moe_gating_top_k hash mode (sigmoid/softmax); host torch for sqrtsoftplus", "row"),
     "kv_quantize": ("npu_dynamic_mx_quant scale_alg=1 (mxfp8, 950); host torch for fp4", "row"),

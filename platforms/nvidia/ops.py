@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 
 from shuili.platforms.nvidia import (
-    attention, compress, gemm, indexer, misc, moe, norm_rope, quant, sampling,
+    attention, compress, gemm, indexer, mhc, misc, moe, norm_rope, quant, sampling,
 )
 from shuili.platforms.reference.public import OPS as REFERENCE_OPS
 
@@ -23,6 +23,8 @@ PLAIN_OPS = {
     "swiglu": misc.swiglu,
     "embedding": misc.embedding,
     "hc_split_sinkhorn": misc.hc_split_sinkhorn,
+    "hc_collapse": mhc.hc_collapse,
+    "hc_expand": mhc.hc_expand,
     "engram_gate": REFERENCE_OPS["engram_gate"],  # exact numerics, row-local, runs on the GPU
     "moe_route_topk": moe.moe_route_topk,
     "moe_route_hash": moe.moe_route_hash,

@@ -1,4 +1,5 @@
-"""DeepSeek-V4 mHC coefficients (split + Sinkhorn), float32 with fixed-tree sums."""
+"""DeepSeek-V4 mHC: the coefficients (split + Sinkhorn), the stream collapse and expand; float32
+with fixed-tree or fixed-order sums."""
 from __future__ import annotations
 
 import torch
@@ -29,3 +30,35 @@ def hc_split_sinkhorn(mix: torch.Tensor, scale: torch.Tensor, base: torch.Tensor
         c = c / (numerics.tree_sum(c, dim=-1)[:, :, None] + eps)
         c = c / (numerics.tree_sum(c, dim=-2)[:, None, :] + eps)
     return pre, post, c
+
+
+_HC_DIMS = {"pre": "[T, m]", "post": "[T, m]", "f": "[T, D]", "comb": "[T, m, m]"}
+
+
+def check_hc_args(op: str, x: torch.Tensor, **parts: torch.Tensor) -> None:
+    """x must be [T, m, D], each named part (pre, post, f, comb) the shape x's T, m, D give it;
+    the ValueError names the argument that does not fit."""
+    if x.dim() != 3:
+        raise ValueError(f"{op}: x must be [T, m, D], got {tuple(x.shape)}")
+    t, m, d = x.shape
+    want = {"pre": (t, m), "post": (t, m), "f": (t, d), "comb": (t, m, m)}
+    for name, v in parts.items():
+        if tuple(v.shape) != want[name]:
+            raise ValueError(f"{op}: {name} must be {_HC_DIMS[name]} = {list(want[name])} for x "
+                             f"{tuple(x.shape)}, got {tuple(v.shape)}")
+
+
+def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """[T, D] in x's dtype: sum_k pre[:, k] x[:, k], float32 products, a `tree_sum` over the m streams."""
+    check_hc_args("hc_collapse", x, pre=pre)
+    return numerics.tree_sum(pre[..., None] * x.float(), dim=1).to(x.dtype)
+
+
+def hc_expand(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """[T, m, D] in x's dtype: post[k] f + sum_j comb[j, k] x[j], float32, summed in j order."""
+    check_hc_args("hc_expand", x, f=f, post=post, comb=comb)
+    out = post[..., None] * f.float()[:, None, :]
+    xf = x.float()
+    for j in range(x.shape[1]):
+        out = out + comb[:, j, :, None] * xf[:, j, None, :]
+    return out.to(x.dtype)

@@ -19,6 +19,8 @@ OPS: dict[str, object] = {
     "swiglu": elementwise.swiglu,
     "embedding": elementwise.embedding,
     "hc_split_sinkhorn": mhc.hc_split_sinkhorn,
+    "hc_collapse": mhc.hc_collapse,
+    "hc_expand": mhc.hc_expand,
     "engram_gate": engram.engram_gate,
     "moe_route_topk": moe.moe_route_topk,
     "moe_route_hash": moe.moe_route_hash,

@@ -77,6 +77,14 @@ def test_embedding_and_sinkhorn(npu, ref, gen):
         close(a, b, 1e-5)
 
 
+def test_mhc_streams_run_the_reference_on_the_device(npu, ref, paths, gen):
+    x, f = torch.randn(5, 4, 16, generator=gen).to(torch.bfloat16), torch.randn(5, 16, generator=gen)
+    pre, post, comb = torch.rand(5, 4, generator=gen), torch.rand(5, 4, generator=gen), torch.rand(5, 4, 4, generator=gen)
+    assert torch.equal(npu["hc_collapse"](x, pre), ref["hc_collapse"](x, pre))
+    assert torch.equal(npu["hc_expand"](f, x, post, comb), ref["hc_expand"](f, x, post, comb))
+    assert paths["hc_collapse:torch"] == 1 and paths["hc_expand:torch"] == 1
+
+
 @pytest.mark.parametrize("scoring", ["sigmoid", "softmax", "sqrtsoftplus"])
 @pytest.mark.parametrize("renorm", [True, False])
 def test_moe_route_topk(npu, ref, paths, gen, scoring, renorm):

@@ -6,7 +6,7 @@ import torch
 
 from shuili.hal.types import Weight
 from shuili.platforms.reference.ops import OPS as REF
-from shuili.platforms.nvidia import attention, compress, gemm, indexer, misc, moe, norm_rope, quant, sampling
+from shuili.platforms.nvidia import attention, compress, gemm, indexer, mhc, misc, moe, norm_rope, quant, sampling
 
 DTYPES = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else [])
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
@@ -452,6 +452,47 @@ def test_routing_and_sinkhorn(device):
     got = misc.hc_split_sinkhorn(mix.to(device), scale.to(device), base.to(device), 4, 20, 1e-6)
     for a, b in zip(got, REF["hc_split_sinkhorn"](mix, scale, base, 4, 20, 1e-6)):
         assert rel(a, b) < 1e-5
+
+
+# ------------------------------------------------------------------------------ mHC streams
+def hc_inputs(t, m, d, dtype):
+    gen = g(100 * m + d)
+    x = (torch.randn(t, m, d, generator=gen) * torch.logspace(-1, 1, m)[:, None]).to(dtype)
+    f = torch.randn(t, d, generator=gen).to(dtype)
+    post = 2 * torch.rand(t, m, generator=gen)
+    return f, x, torch.rand(t, m, generator=gen), post, torch.rand(t, m, m, generator=gen)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,d", [(4, 256), (1, 64), (3, 40), (8, 8), (2, 3000)])
+def test_hc_collapse_expand(device, dtype, m, d):
+    t = 13
+    f, x, pre, post, comb = hc_inputs(t, m, d, dtype)
+    want_c = REF["hc_collapse"](x.float(), pre)  # the same (dtype-rounded) values, float32 out
+    want_e = REF["hc_expand"](f.float(), x.float(), post, comb)
+    on = lambda *a: [v.to(device) for v in a]  # noqa: E731
+    got_c = mhc.hc_collapse(*on(x, pre)).cpu()
+    got_e = mhc.hc_expand(*on(f, x, post, comb)).cpu()
+    assert got_c.dtype == dtype and got_c.shape == (t, d) and got_e.dtype == dtype and got_e.shape == (t, m, d)
+    assert rel(got_c, want_c) < TOL[dtype] and rel(got_e, want_e) < TOL[dtype]
+    if device == "cpu":  # the interpreter runs the reference's order with no FMA: its bits
+        assert torch.equal(got_c, want_c) and torch.equal(got_e, want_e)
+    for i in (0, 6, t - 1):  # each token alone gives its row of the batch, bit for bit
+        r = slice(i, i + 1)
+        assert torch.equal(mhc.hc_collapse(*on(x[r], pre[r])).cpu(), got_c[r])
+        assert torch.equal(mhc.hc_expand(*on(f[r], x[r], post[r], comb[r])).cpu(), got_e[r])
+
+
+def test_hc_shapes_are_checked(device):
+    f, x, pre, post, comb = (v.to(device) for v in hc_inputs(3, 4, 8, torch.float32))
+    assert mhc.hc_collapse(x[:0], pre[:0]).shape == (0, 8)
+    assert mhc.hc_expand(f[:0], x[:0], post[:0], comb[:0]).shape == (0, 4, 8)
+    with pytest.raises(ValueError, match="pre must be"):
+        mhc.hc_collapse(x, pre[:, :3])
+    with pytest.raises(ValueError, match="comb must be"):
+        mhc.hc_expand(f, x, post, comb[:2])
+    with pytest.raises(ValueError, match="x must be"):
+        mhc.hc_expand(f, x[:, 0], post, comb)
 
 
 def test_small_ops(device):
