@@ -216,8 +216,34 @@ def _linear_scale(kw: dict) -> list[torch.Tensor]:
     return [mag if kw.get("bias") is None else mag + kw["bias"].double().abs()]
 
 
+def _moe_scale(kw: dict) -> list[torch.Tensor]:
+    """[T, D]: the magnitudes an expert output's rounding error scales with. Per (token, slot):
+    GEMM1's terms |W13| @ |x| carry into a = silu(g) * u through its slope (|u| silu'(g) +
+    |silu(g)|, silu' <= 1.1), and GEMM2's terms are |W2| @ (|a| + that), weighted by |w|."""
+    from shuili.platforms.reference.public import dequantize_weight
+
+    def dense(w):
+        return (w.data if w.format == "dense" else dequantize_weight(w)).double()
+
+    x, ids, wts = kw["x"].double(), kw["topk_ids"].long(), kw["topk_weights"].double()
+    w13, w2, lim = dense(kw["w13"]), dense(kw["w2"]), kw.get("swiglu_limit")
+    inter = w13.shape[1] // 2
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64)
+    for j in range(ids.shape[1]):
+        w1e, w2e = w13[ids[:, j]], w2[ids[:, j]]  # [T, 2I, D], [T, D, I]
+        h = torch.einsum("tnd,td->tn", w1e, x)
+        mag1 = torch.einsum("tnd,td->tn", w1e.abs(), x.abs())
+        g, u = h[:, :inter], h[:, inter:]
+        if lim is not None:
+            g, u = g.clamp(max=lim), u.clamp(-lim, lim)
+        s = torch.nn.functional.silu(g)
+        a = (s.abs() * u.abs()) + (1.1 * u.abs() + s.abs()) * (mag1[:, :inter] + mag1[:, inter:])
+        out += wts[:, j, None].abs() * torch.einsum("tdi,ti->td", w2e.abs(), a)
+    return [out]
+
+
 # ops whose outputs are dot products, with the magnitudes their rounding error scales with
-_SUM_SCALES: dict[str, Callable[[dict], list[torch.Tensor]]] = {"linear": _linear_scale}
+_SUM_SCALES: dict[str, Callable[[dict], list[torch.Tensor]]] = {"linear": _linear_scale, "moe_experts": _moe_scale}
 
 
 def _sum_scales(op: str, kwargs: dict) -> list[torch.Tensor] | None:

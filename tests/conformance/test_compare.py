@@ -66,3 +66,22 @@ def test_linear_vs_reference_uses_the_sum_scale():
     assert scale.shape == exact.shape and bool((scale >= exact.abs()).all())
     assert compare(exact, plain, "tolerance", tolerance_dtype="float32", scale=scale) is None
     assert _sum_scales("rms_norm", kw) is None
+
+
+def test_moe_experts_vs_reference_uses_the_sum_scale():
+    # the case the H200 failed on 2026-12-04 (float32, fp8_block32 experts, limit 7): outputs that
+    # cancel to ~1e-2 from terms in the hundreds, where two float32 orders differ by ~3e-4
+    from shuili.conformance import fuzz
+    from shuili.conformance.ops_check import _sum_scales, place
+    from shuili.platforms.reference.public import OPS
+
+    case = fuzz.generate("moe_experts", 2158385926345780, "fp8_block32", (), OPS, 1)
+    kw = place(case.kwargs, case.act, "cpu", torch.float32)
+    (scale,) = _sum_scales("moe_experts", kw)
+    out = OPS["moe_experts"](**kw)
+    assert scale.shape == out.shape and bool((scale >= out.double().abs() * 0.999).all())
+    noisy = out.double() + 2e-7 * scale  # a rounding-sized error: admitted
+    assert compare(out, noisy, "tolerance", tolerance_dtype="float32", scale=scale) is None
+    wrong = out.double().clone()
+    wrong[0, 0] += 1e-3 * scale[0, 0] + 1.0  # a wrong sum: caught
+    assert compare(out, wrong, "tolerance", tolerance_dtype="float32", scale=scale) is not None
