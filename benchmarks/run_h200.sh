@@ -141,11 +141,11 @@ for f, d in runs.items():
           "EXPECT host:", None if ref is None else ref.get("_host"))
 PY
 }
-# What the open issues still need from the H200 after the run of 2026-12-04 12:31 UTC (docs/performance.md):
-# issue 20's remaining measurements, decode at batch 1/16/256 with 8192-token prompts and prefill at 4k
-# (E2E_ARGS of benchmarks/nvidia_e2e.py), and a per-kernel profile of the released-format step:
-#   CTX_ARGS="--formats released --batches 64 --ctx 1024 --profile released:64:1024" STAGES="ctx e2e kernels" \
-#     bash benchmarks/run_h200.sh
+# What the open issues still need from the H200 after the run of 2026-12-04 17:03 UTC (docs/performance.md):
+# issue 20's kernels (the MXFP4 MoE GEMMs, quantized sparse attention, the indexer at long context), each
+# measured with the step profile and its slowest launches:
+#   CTX_ARGS="--formats released --batches 64 --ctx 1024,65536 --profile released:64:1024,released:64:65536" \
+#     STAGES="ctx" bash benchmarks/run_h200.sh
 for s in $STAGES; do stamp "$s"; "${s}_"; done
 stamp done
 cat "$OUT/summary.txt"

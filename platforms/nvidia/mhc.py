@@ -1,6 +1,7 @@
 """hc_collapse and hc_expand: the mHC stream collapse and expand, one program per (token, D tile),
 all m streams of the token in registers. As torch glue they were many small elementwise kernels
-per layer (about 700 us of a 9 ms decode step on an H200); here each is one kernel.
+per layer; as these kernels they took mid-v4's decode step (released formats, batch 64, H200)
+from 9.15 to 8.14 ms.
 Float32 math in the reference's order (collapse: its pairwise tree over the streams; expand: j =
 0, 1, ...) with FMA contraction off, so each product rounds before its add as in the reference;
 a row's program never depends on the batch: batch-invariant."""
