@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from shuili.platforms.nvidia.common import cdiv, pow2
+from shuili.platforms.reference.public import check_pool_args
 
 
 @triton.jit
@@ -42,17 +43,10 @@ def _pool_kernel(state_ptr, src_ptr, out_ptr, y_ptr, s_row, L, R, offset, DIM,
 
 def compress_pool(state: torch.Tensor, src_slots: torch.Tensor, out_slots: torch.Tensor, offset: int,
                   dim: int, overlap: bool) -> torch.Tensor:
-    n, span = src_slots.shape
-    width = (4 if overlap else 2) * dim
     if state.dtype != torch.float32:
         raise TypeError(f"compress_pool: the state must be float32, got {state.dtype}")
-    if state.shape[-1] < offset + width:
-        raise ValueError(f"compress_pool: state rows of {state.shape[-1]} values cannot hold offset {offset} "
-                         f"+ {width} (dim {dim}, overlap {overlap})")
-    if overlap and span % 2:
-        raise ValueError(f"compress_pool: overlap needs an even number of source tokens, got {span}")
-    if out_slots.shape != (n,):
-        raise ValueError(f"compress_pool: out_slots {tuple(out_slots.shape)} must be [{n}]")
+    check_pool_args(state, src_slots, out_slots, offset, dim, overlap)
+    n, span = src_slots.shape
     st = state.reshape(-1, state.shape[-1])
     if st.stride(-1) != 1:
         st = st.contiguous()

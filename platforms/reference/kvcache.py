@@ -39,10 +39,10 @@ def kv_dequantize(packed: torch.Tensor, fmt: str, dim: int) -> torch.Tensor:
     return quant.kv_dequantize(packed, fmt, dim)
 
 
-def compress_pool(state: torch.Tensor, src_slots: torch.Tensor, out_slots: torch.Tensor, offset: int,
-                  dim: int, overlap: bool) -> torch.Tensor:
-    """float32 [N, dim]: per-channel softmax of the gates over each entry's tokens, then the
-    weighted sum of their kv, both from `hal.numerics` (fixed-tree sums, host-independent exp)."""
+def check_pool_args(state: torch.Tensor, src_slots: torch.Tensor, out_slots: torch.Tensor, offset: int,
+                    dim: int, overlap: bool) -> int:
+    """compress_pool's shape checks (shared, so every platform's errors read the same); returns the
+    state columns an entry's token spans from offset."""
     n, span = src_slots.shape
     width = 4 * dim if overlap else 2 * dim
     if state.shape[-1] < offset + width:
@@ -52,6 +52,15 @@ def compress_pool(state: torch.Tensor, src_slots: torch.Tensor, out_slots: torch
         raise ValueError(f"compress_pool: overlap needs an even number of source tokens, got {span}")
     if out_slots.shape != (n,):
         raise ValueError(f"compress_pool: out_slots {tuple(out_slots.shape)} must be [{n}]")
+    return width
+
+
+def compress_pool(state: torch.Tensor, src_slots: torch.Tensor, out_slots: torch.Tensor, offset: int,
+                  dim: int, overlap: bool) -> torch.Tensor:
+    """float32 [N, dim]: per-channel softmax of the gates over each entry's tokens, then the
+    weighted sum of their kv, both from `hal.numerics` (fixed-tree sums, host-independent exp)."""
+    width = check_pool_args(state, src_slots, out_slots, offset, dim, overlap)
+    span = src_slots.shape[1]
     src = src_slots.to(torch.int64)
     rows = state.reshape(-1, state.shape[-1])[src.clamp(min=0)][..., offset:offset + width]  # [N, L, width]
     if overlap:  # tokens [0, r): the previous block's Ca half; [r, 2r): this block's Cb half
