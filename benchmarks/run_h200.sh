@@ -142,6 +142,7 @@ for f, d in runs.items():
 PY
 }
 # What the open issues still need from the H200 after the run of 2026-12-04 17:03 UTC (docs/performance.md):
+# first, T_TESTS=120 TESTS=tests/nvidia/test_transfer.py STAGES=tests (map_host's split shared-page tests); then
 # issue 20's kernels (the MXFP4 MoE GEMMs, quantized sparse attention, the indexer at long context), each
 # measured with the step profile and its slowest launches:
 #   CTX_ARGS="--formats released --batches 64 --ctx 1024,65536 --profile released:64:1024,released:64:65536" \
