@@ -49,6 +49,20 @@ def reference_op(name: str) -> Callable:
     return OPS[name]
 
 
+def on_device(name: str) -> Callable:
+    """The reference op `name` run where its inputs are (its torch code on the NPU), for ops no
+    torch_npu operator covers whose reference code has no batch-dependent reduction; same signature
+    as the contract. Counted as `name:torch`."""
+    fn = reference_op(name)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        took(f"{name}:torch")
+        return fn(*args, **kwargs)
+
+    return call
+
+
 def on_host(name: str) -> Callable:
     """The reference op `name`, wrapped to run on the host; same signature as the contract."""
     fn = reference_op(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from shuili.platforms.ascend.host import on_host, reference_op, took
+from shuili.platforms.ascend.host import on_device, on_host, took
 
 SCATTER_DTYPES = (torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.float8_e4m3fn)
 MXFP8_AMAX_FLOOR = 1e-4
@@ -87,11 +87,9 @@ def build(api, mode) -> dict:
         took("kv_dequantize:torch")
         return dequant_rows(packed, fmt, dim)
 
-    def compress_pool(state, src_slots, out_slots, offset, dim, overlap):
-        # no torch_npu op pools V4's compressor state: the reference's torch code, on the device (what
-        # the model ran inline before the op existed; the state cache never leaves the NPU)
-        took("compress_pool:torch")
-        return reference_op("compress_pool")(state, src_slots, out_slots, offset, dim, overlap)
+    # no torch_npu op pools V4's compressor state: the reference's torch code, on the device (what
+    # the model ran inline before the op existed; the state cache never leaves the NPU)
+    compress_pool = on_device("compress_pool")
 
     return {"cache_write": cache_write, "kv_quantize": kv_quantize, "kv_dequantize": kv_dequantize,
             "compress_pool": compress_pool}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from shuili.platforms.ascend.host import on_host, reference_op, took
+from shuili.platforms.ascend.host import on_device, on_host, took
 from shuili.platforms.reference.public import check_rope_args
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -101,13 +101,8 @@ def build(api, mode) -> dict:
     # no torch_npu op collapses or expands the mHC streams: the reference's torch code, on the device
     # (what the model ran inline before HAL 1.6). Products and adds of slices only, no reduction
     # kernel, so unlike the coefficients above it is row-local on any device; the streams stay on the NPU
-    def hc_collapse(x, pre):
-        took("hc_collapse:torch")
-        return reference_op("hc_collapse")(x, pre)
-
-    def hc_expand(f, x, post, comb):
-        took("hc_expand:torch")
-        return reference_op("hc_expand")(f, x, post, comb)
+    hc_collapse = on_device("hc_collapse")
+    hc_expand = on_device("hc_expand")
 
     return {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope": rope, "swiglu": swiglu,
             "embedding": embedding, "hc_split_sinkhorn": hc_split_sinkhorn,
