@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from shuili.hal.types import Weight
-from shuili.platforms.nvidia import moe_prep, qgemm
+from shuili.platforms.nvidia import qgemm
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, interpreting
+from shuili.platforms.nvidia.moe_prep import group_tiles, moe_prep
 from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
 
 FMT_ID = {"dense": 0, "fp8_block128": 1, "mxfp4": 2, "fp8_block32": 3}
@@ -277,29 +278,6 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
                    False)
 
 
-def group_tiles(group_sizes: torch.Tensor, m: int, bm: int):
-    """Tile map for rows sorted by group, built on the device (no host sync, graph safe):
-    per tile its group (-1 = unused), first row and end row."""
-    gs = group_sizes.to(torch.int64)
-    e = gs.numel()
-    per = (gs + bm - 1) // bm
-    cum = torch.cumsum(per, 0)
-    first = cum - per
-    off = torch.cumsum(gs, 0) - gs
-    nt = cdiv(m, bm) + e
-    j = torch.arange(nt, device=gs.device)
-    grp = torch.searchsorted(cum, j, right=True)
-    g = grp.clamp(max=e - 1)
-    r0 = off[g] + (j - first[g]) * bm
-    r1 = off[g] + gs[g]
-    return torch.where(grp < e, grp, -1).contiguous(), r0.contiguous(), r1.contiguous(), nt
-
-
-def expert_order(flat: torch.Tensor, e: int, bm: int):
-    """(stable order of the rows by expert, rows per expert, group_tiles map): one launch."""
-    return moe_prep.moe_prep(flat, e, bm, group_tiles)
-
-
 def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,
                    batch_invariant: bool = False, out_dtype: torch.dtype | None = None,
                    weight_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -338,14 +316,13 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     accumulates bf16 x against bf16-exact weights into float32, GEMM2 feeds the float32 product
     through the hi/lo split. Rounding any of them to bf16 put bf16 mxfp4 cases outside tolerance."""
     if USE_QGEMM and qgemm.supports(w13) and qgemm.supports(w2):
-        return qgemm.moe_experts(x, topk_ids, topk_weights, w13, w2, swiglu_limit, batch_invariant,
-                                 expert_order)
+        return qgemm.moe_experts(x, topk_ids, topk_weights, w13, w2, swiglu_limit, batch_invariant)
     t, k = topk_ids.shape
     e = w13.shape[0]
     flat = topk_ids.reshape(-1).to(torch.int64)
     check((flat >= 0) & (flat < e), f"moe_experts: topk_ids must lie in [0, {e})")
     # both GEMMs have t * k rows in the same groups: one tile map (built on the device) serves both
-    order, sizes, tiles = expert_order(flat, e, _grouped_tile(t * k, e, batch_invariant)[0])
+    order, sizes, tiles = moe_prep(flat, e, _grouped_tile(t * k, e, batch_invariant)[0])
     tiles = tiles if t else None
     xs = x[order // k]
     h = _grouped(xs, w13, sizes, tiles, batch_invariant, out_dtype=torch.float32)

@@ -2,7 +2,8 @@
 per expert, and the grouped GEMMs' tile map. In torch this was an argsort (a single-block radix
 sort, ~27 us on the H200 at 384 rows), an index_add and ~8 small kernels for the tile map, per
 layer and decode step. One program counts and places the rows; the permutation is the same as the
-stable sort's (it is unique), so no output bit changes."""
+stable sort's (it is unique), so no output bit changes. group_tiles, the torch tile map, lives here
+too: grouped_linear uses it, and the routing prep falls back to it."""
 from __future__ import annotations
 
 import torch
@@ -36,7 +37,7 @@ def _prep_kernel(ids_ptr, order_ptr, sizes_ptr, te_ptr, t0_ptr, t1_ptr, N, E, NT
         tl.store(order_ptr + pos, i.to(tl.int64), mask=i < N)
         run += tl.sum(hot, axis=0)
     tl.store(sizes_ptr + ex, cnt.to(tl.int64), mask=eok)
-    # tile map, as gemm.group_tiles builds it: tile j belongs to the first expert whose cumulative
+    # tile map, as group_tiles below builds it: tile j belongs to the first expert whose cumulative
     # tile count exceeds j (-1 past the last)
     per = tl.where(eok, (cnt + BM - 1) // BM, 0)
     ctile = tl.cumsum(per, 0)
@@ -53,7 +54,26 @@ def _prep_kernel(ids_ptr, order_ptr, sizes_ptr, te_ptr, t0_ptr, t1_ptr, N, E, NT
         tl.store(t0_ptr + j, (start_g + (j - first_g) * BM).to(tl.int64), mask=jok)
         tl.store(t1_ptr + j, (start_g + cnt_g).to(tl.int64), mask=jok)
 
-def moe_prep(flat: torch.Tensor, e: int, bm: int, group_tiles):
+
+def group_tiles(group_sizes: torch.Tensor, m: int, bm: int):
+    """Tile map for rows sorted by group, built on the device (no host sync, graph safe):
+    per tile its group (-1 = unused), first row and end row."""
+    gs = group_sizes.to(torch.int64)
+    e = gs.numel()
+    per = (gs + bm - 1) // bm
+    cum = torch.cumsum(per, 0)
+    first = cum - per
+    off = torch.cumsum(gs, 0) - gs
+    nt = cdiv(m, bm) + e
+    j = torch.arange(nt, device=gs.device)
+    grp = torch.searchsorted(cum, j, right=True)
+    g = grp.clamp(max=e - 1)
+    r0 = off[g] + (j - first[g]) * bm
+    r1 = off[g] + gs[g]
+    return torch.where(grp < e, grp, -1).contiguous(), r0.contiguous(), r1.contiguous(), nt
+
+
+def moe_prep(flat: torch.Tensor, e: int, bm: int):
     """flat int64 [n] expert ids in [0, e) (checked by the caller) -> (order int64 [n]: the stable
     sort of the rows by expert, sizes int64 [e], tiles: group_tiles(sizes, n, bm)'s tuple)."""
     n = flat.numel()

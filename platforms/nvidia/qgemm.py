@@ -36,6 +36,7 @@ import triton.language as tl
 
 from shuili.hal.types import Weight
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, interpreting, pow2
+from shuili.platforms.nvidia.moe_prep import moe_prep
 from shuili.platforms.nvidia.quant import e4m3_to_f32, e8m0_to_f32
 
 FMT_ID = {"fp8_block128": 1, "mxfp4": 2}
@@ -327,9 +328,9 @@ def group_bm(m: int, e: int, batch_invariant: bool) -> int:
     return BI_GROUP_BM if batch_invariant else min(64, pow2(cdiv(m, max(e, 1)), 16))
 
 
-def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit, batch_invariant, expert_order):
-    """Routed experts, both weights quantized (see the module docstring); expert_order gives the rows'
-    stable order by expert, the rows per expert and the device-side tile map (gemm.expert_order)."""
+def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit, batch_invariant):
+    """Routed experts, both weights quantized (see the module docstring); moe_prep gives the rows'
+    stable order by expert and the device-side tile map."""
     t, k = topk_ids.shape
     e, d = w13.shape[0], x.shape[1]
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)
@@ -338,7 +339,7 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     flat = topk_ids.reshape(-1).to(torch.int64)
     check((flat >= 0) & (flat < e), f"moe_experts: topk_ids must lie in [0, {e})")
     bm = group_bm(t * k, e, batch_invariant)
-    order, _, tiles = expert_order(flat, e, bm)
+    order, _, tiles = moe_prep(flat, e, bm)
     inter = w13.shape[1] // 2
     a = torch.empty(t * k, inter, dtype=torch.float32, device=x.device)
     _launch(x.contiguous(), w13, a, tiles=tiles, xi=order, topk=k, swiglu=True, limit=swiglu_limit,

@@ -14,7 +14,7 @@ def test_prep_equals_stable_sort_and_group_tiles(device, n, e, bm):
     flat = torch.randint(0, e, (n,), generator=g)
     if n > 10:
         flat[: n // 3] = 1  # one crowded expert, several empty ones for small e
-    order, sizes, tiles = moe_prep(flat.to(device), e, bm, gemm.group_tiles)
+    order, sizes, tiles = moe_prep(flat.to(device), e, bm)
     want_sizes = torch.bincount(flat, minlength=e)
     assert torch.equal(order.cpu(), torch.argsort(flat, stable=True))
     assert torch.equal(sizes.cpu(), want_sizes)
@@ -26,5 +26,5 @@ def test_prep_equals_stable_sort_and_group_tiles(device, n, e, bm):
 
 def test_prefill_sizes_take_the_sort(device):
     flat = torch.randint(0, 8, (MAX_ROWS + 1,), generator=torch.Generator().manual_seed(1))
-    order, sizes, _ = moe_prep(flat.to(device), 8, 64, gemm.group_tiles)
+    order, sizes, _ = moe_prep(flat.to(device), 8, 64)
     assert torch.equal(order.cpu(), torch.argsort(flat, stable=True))
