@@ -127,8 +127,9 @@ def prefill_flops_per_token(cfg, params, prompt_len: int) -> float:
     for kind in cfg.attn_kinds:
         ent = pos.clamp(max=cfg.sliding_window)
         if kind == "csa":
-            ent = ent + torch.div(pos, cfg.csa_ratio, rounding_mode="floor").clamp(max=cfg.index_topk)
-            attn += float((torch.div(pos, cfg.csa_ratio, rounding_mode="floor")).mean()) * 2 * cfg.index_n_heads * cfg.index_head_dim
+            keys = torch.div(pos, cfg.csa_ratio, rounding_mode="floor")  # the indexer scores them all
+            ent = ent + keys.clamp(max=cfg.index_topk)
+            attn += float(keys.mean()) * 2 * cfg.index_n_heads * cfg.index_head_dim
         elif kind == "hca":
             ent = ent + torch.div(pos, cfg.hca_ratio, rounding_mode="floor")
         attn += float(ent.mean()) * per_entry
