@@ -20,6 +20,7 @@ import torch
 _LN2_HI = 6.93147180369123816490e-01  # ln2 with 32 trailing zero bits: n * _LN2_HI is exact
 _LN2_LO = 1.90821492927058770002e-10
 _INV_LN2 = 1.0 / math.log(2.0)
+_SQRT2 = math.sqrt(2.0)  # log64's mantissa split (math.sqrt is the C library's IEEE sqrt)
 # pi/2 in three parts: the first two have 28 significant bits, so n * part is exact for |n| < 2**25
 _PIO2 = (1.570796325802803, 9.920935739593517e-10, 5.721188726109832e-18)
 _TWO_OVER_PI = 0.6366197723675814
@@ -205,7 +206,7 @@ def log64(x: torch.Tensor) -> torch.Tensor:
     bits = torch.where(sub, x * 2.0 ** 54, x).contiguous().view(torch.int64)
     e = ((bits >> 52) & 0x7FF) - 1023 - 54 * sub.to(torch.int64)
     m = ((bits & 0xFFFFFFFFFFFFF) | (1023 << 52)).view(torch.float64)  # mantissa in [1, 2)
-    big = m > math.sqrt(2.0)
+    big = m > _SQRT2
     m = torch.where(big, m * 0.5, m)
     e = (e + big.to(torch.int64)).to(torch.float64)
     s = (m - 1.0) / (m + 1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from shuili.hal import numerics
+from shuili.platforms.reference import native
 
 
 def swiglu(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
@@ -12,6 +13,13 @@ def swiglu(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
     """
     if gate_up.shape[-1] % 2:
         raise ValueError(f"swiglu needs an even last dim (gate ++ up), got {gate_up.shape[-1]}")
+    if gate_up.dtype == torch.float32 and native.enabled("rowops"):  # one compiled loop, same bits
+        return native.swiglu(gate_up, limit)
+    return swiglu_torch(gate_up, limit)
+
+
+def swiglu_torch(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """`swiglu` as torch ops: the definition the compiled loop is checked against."""
     inter = gate_up.shape[-1] // 2
     g = gate_up[..., :inter].to(torch.float32)
     u = gate_up[..., inter:].to(torch.float32)

@@ -5,6 +5,8 @@ is rounded to its own fixed-point grid and the integer products are summed exact
 matmul (any BLAS, any blocking, any thread count gives the same integers), then rounded once to
 float32. A row's bits depend only on that row and the weight: never on its neighbours, the batch
 size, the CPU's ISA or the BLAS. The weight's grid is computed once and cached per Weight object.
+The sums run in the compiled kernel of `native.py` where it builds (the same bits: every partial
+sum is exact), else in torch's float64 matmul.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 
 from shuili.hal.types import Weight
 from shuili.hal import numerics
+from shuili.platforms.reference import native
 
 # Weight -> (data version, FixedWeight)
 _FIXED_CACHE: "weakref.WeakKeyDictionary[Weight, tuple]" = weakref.WeakKeyDictionary()
@@ -40,12 +43,16 @@ def weight_f32(w: Weight) -> torch.Tensor:
 
 class FixedWeight(NamedTuple):
     """A weight's rows on their fixed-point grids (`numerics.to_fixed`, the weight side's bits of
-    `numerics.dot_bits` for K = in_features): q [..., N, K] float64 integers, e [..., N, 1] the row
-    exponents, pb the bits, scale [..., 1, N] = 2**(e - pb) (`numerics.fixed_matmul`'s sb)."""
-    q: torch.Tensor
+    `numerics.dot_bits` for K = in_features): q [..., N, K] float64 integers, or None when the
+    compiled kernel holds them instead as `panels` (`native.pack`: float32 [..., N / 8, K, 8], half
+    the memory); e [..., N, 1] the row exponents, pb the bits, scale [..., 1, N] = 2**(e - pb)
+    (`numerics.fixed_matmul`'s sb), n the rows N."""
+    q: torch.Tensor | None
     e: torch.Tensor
     pb: int
     scale: torch.Tensor
+    panels: torch.Tensor | None
+    n: int
 
 
 def weight_fixed(w: Weight) -> FixedWeight:
@@ -57,7 +64,11 @@ def weight_fixed(w: Weight) -> FixedWeight:
         return hit[1]
     pb = numerics.dot_bits(w.in_features)[1]
     q, e = numerics.to_fixed(weight_f32(w), pb)
-    fw = FixedWeight(q, e, pb, numerics.pow2((e - pb).clamp(-1022, 1023)).transpose(-1, -2))
+    scale = numerics.pow2((e - pb).clamp(-1022, 1023)).transpose(-1, -2)
+    if pb <= native.MAX_BITS and native.enabled():
+        fw = FixedWeight(None, e, pb, scale, native.pack(q), q.shape[-2])
+    else:
+        fw = FixedWeight(q, e, pb, scale, None, q.shape[-2])
     _FIXED_CACHE[w] = (version, fw)
     return fw
 
@@ -65,13 +76,17 @@ def weight_fixed(w: Weight) -> FixedWeight:
 def fixed_linear(x: torch.Tensor, fw: FixedWeight, expert: int | None = None) -> torch.Tensor:
     """float32 x [M, K] times a weight grid (of group `expert` of a grouped weight) -> float32 [M, N];
     the bits of `numerics.fixed_matmul`."""
-    q, scale = (fw.q, fw.scale) if expert is None else (fw.q[expert], fw.scale[expert])
+    pick = (lambda t: t) if expert is None else (lambda t: t[expert])
     pa = numerics.dot_bits(x.shape[-1])[0]
     if 0 < x.shape[0] <= _HOST_SCALE_ROWS and x.shape[1]:
         sx, sa = _row_scales(x, pa)
-        return numerics.scaled_matmul(numerics._widen_mul(x, sx).round_(), sa, q, scale)
-    qa, ea = numerics.to_fixed(x, pa)
-    return numerics.scaled_matmul(qa, numerics.pow2((ea - pa).clamp(-1022, 1023)), q, scale)
+        qa = numerics._widen_mul(x, sx).round_()
+    else:
+        qa, ea = numerics.to_fixed(x, pa)
+        sa = numerics.pow2((ea - pa).clamp(-1022, 1023))
+    if fw.panels is not None:
+        return native.gemm(qa, sa, pick(fw.panels), pick(fw.scale), fw.n)
+    return numerics.scaled_matmul(qa, sa, pick(fw.q), pick(fw.scale))
 
 
 _HOST_SCALE_ROWS = 64  # up to here a Python loop over the row maxima beats ~20 tiny tensor ops
@@ -144,10 +159,10 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor) -> tor
     if x.dim() != 2 or x.shape[1] != w.in_features:
         raise ValueError(f"grouped_linear takes x [M, {w.in_features}], got {tuple(x.shape)}")
     fw = weight_fixed(w)
-    offs = _offsets(group_sizes, fw.q.shape[0], x.shape[0])
+    offs = _offsets(group_sizes, fw.e.shape[0], x.shape[0])
     out = torch.zeros(x.shape[0], w.out_features, dtype=torch.float32)
     xf = x.to(torch.float32)
-    for e in range(fw.q.shape[0]):
+    for e in range(fw.e.shape[0]):
         if offs[e + 1] > offs[e]:
             out[offs[e]:offs[e + 1]] = fixed_linear(xf[offs[e]:offs[e + 1]], fw, e)
     return out.to(x.dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from shuili.hal import noise, numerics
+from shuili.platforms.reference import native
 
 
 # rows per pass bound the float64 temporaries of exp to ~2 MB each (5 rows of a 49152 vocabulary),
@@ -23,13 +24,20 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     if logits.dim() != 2:
         raise ValueError(f"log_softmax takes logits [B, V], got shape {tuple(logits.shape)}")
     rows = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[1]))
-    if logits.shape[0] <= rows:
+    if logits.shape[0] <= rows or (logits.dtype == torch.float32 and native.enabled("rowops")):
         return _log_softmax_rows(logits)
     # a row's bits depend only on that row, so row chunks give the whole tensor's bits
     return torch.cat([_log_softmax_rows(c) for c in logits.split(rows)])
 
 
 def _log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    if logits.dtype == torch.float32 and native.enabled("rowops"):  # one compiled loop, same bits
+        return native.log_softmax(logits)
+    return log_softmax_torch(logits)
+
+
+def log_softmax_torch(logits: torch.Tensor) -> torch.Tensor:
+    """float32 log_softmax of [B, V] rows as torch ops: the compiled loop's definition."""
     x = logits.to(torch.float32)
     m = x.amax(-1, keepdim=True)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # all -inf row: no inf - inf

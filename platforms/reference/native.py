@@ -1,0 +1,350 @@
+"""The reference GEMM's compiled kernel: `native/fixed_gemm.c`, built on first use, loaded with ctypes.
+
+Why a compiled kernel and why its bits are still the oracle's: `numerics.dot_bits` keeps every
+partial sum of the fixed-point products an integer below 2**53, so any summation order gives the
+same float64 sum. The C loop may block, vectorise, fuse multiply-adds and split the output columns
+over threads as it likes and still return exactly the torch float64 matmul path's bits; its
+finishing `(acc + 0.0) * sa * sb -> float32` repeats `numerics.scaled_matmul`'s operations in order.
+What it gains: the weight grid is read as float32 (exact: |q| <= 2**21 at K >= 2, 2**24 at most)
+in panels laid out for the loop, half the bytes of the float64 grid, and no BLAS packing per call.
+
+Built with the C compiler found as $CC, `cc` or `gcc` (`-O3 -march=native`, never `-ffast-math`)
+into $SHUILI_CACHE_DIR (default ~/.cache/shuili/native), keyed by the source, the compiler and the
+CPU's feature flags, written atomically, so concurrent processes and hosts sharing a home directory
+do not clash. At load the kernel is checked bit for bit against the torch path on a small case with
+edge values; a host without a compiler, a failed build or a failed check falls back to the torch
+path (same bits, slower) with one warning. SHUILI_REFERENCE_NATIVE=0 turns the kernel off.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+NR = 8  # output columns per packed weight panel: fixed_gemm.c's NR
+_DIR = Path(__file__).with_name("native")
+# library -> (source, extra flags). rowops repeats numerics' IEEE operations one by one: no fused
+# multiply-add may merge two of its roundings. The GEMM's sums are exact, so it may fuse freely.
+_LIBS = {"gemm": ("fixed_gemm.c", []), "rowops": ("rowops.c", ["-ffp-contract=off"])}
+MAX_BITS = 24  # float32 holds every integer grid value |q| <= 2**24 exactly
+_MAX_GRID = float(1 << MAX_BITS)
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def enabled(name: str = "gemm") -> bool:
+    """True when the compiled library `name` ("gemm" or "rowops") is built, loaded and has passed
+    its bit check."""
+    return _library(name) is not None
+
+
+def status() -> str:
+    """One line per library: 'native (<path>)', or 'torch (<why>)' where the torch path is in use."""
+    parts = []
+    for name in _LIBS:
+        lib = _library(name)
+        parts.append(f"{name}: " + (f"native ({_state[name, 'path']})" if lib is not None
+                                     else f"torch ({_state.get((name, 'why'), 'off')})"))
+    return "; ".join(parts)
+
+
+def pack(q: torch.Tensor) -> torch.Tensor:
+    """Integer-valued float64 grid q [..., N, K] -> float32 panels [..., ceil(N / NR), K, NR], rows
+    past N zero. Exact when |q| <= 2**24 (checked; `numerics.dot_bits` gives the weight side at most
+    24 bits from K = 9 on)"""
+    if bool(((q.abs() > _MAX_GRID) & q.isfinite()).any()):  # inf and nan are float32 values too
+        raise ValueError("a fixed-point weight grid exceeds 2**24 and would not be exact in float32")
+    *lead, n, k = q.shape
+    panels = -(-n // NR)
+    p = torch.zeros(*lead, panels * NR, k, dtype=torch.float32)
+    p[..., :n, :] = q
+    return p.view(*lead, panels, NR, k).transpose(-1, -2).contiguous()
+
+
+def gemm(qa: torch.Tensor, sa: torch.Tensor, panels: torch.Tensor, sb: torch.Tensor, n: int,
+         threads: int | None = None) -> torch.Tensor:
+    """float32 [M, N] = ((qa @ q^T + 0.0) * sa * sb) for qa [M, K] float64 integer grids, sa [M, 1],
+    sb [1, N] float64 and `pack(q)`'s panels [ceil(N / NR), K, NR]: numerics.scaled_matmul's bits."""
+    lib = _need("gemm")
+    m, k = qa.shape
+    if panels.shape != (-(-n // NR), k, NR) or panels.dtype != torch.float32 or not panels.is_contiguous():
+        raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not pack an [{n}, {k}] weight")
+    qa = qa.to(torch.float64).contiguous()
+    sa = sa.to(torch.float64).reshape(m).contiguous()
+    sb = sb.to(torch.float64).reshape(n).contiguous()
+    out = torch.empty(m, n, dtype=torch.float32)
+    if m and n:
+        nt = torch.get_num_threads() if threads is None else threads
+        if m * n * k < (1 << 20):  # below ~1M multiply-adds a thread start costs more than it saves
+            nt = 1
+        lib.shuili_fixed_gemm(qa.data_ptr(), sa.data_ptr(), m, k, panels.data_ptr(), sb.data_ptr(), n,
+                              out.data_ptr(), nt)
+    return out
+
+
+def _need(name: str):
+    lib = _library(name)
+    if lib is None:
+        raise RuntimeError(f"the native {name} library is not available: {_state.get((name, 'why'))}")
+    return lib
+
+
+def _library(name: str):
+    if name in _state:
+        return _state[name]
+    with _lock:
+        if name not in _state:
+            lib = None
+            if os.environ.get("SHUILI_REFERENCE_NATIVE", "1") == "0":
+                _state[name, "why"] = "SHUILI_REFERENCE_NATIVE=0"
+            else:
+                try:
+                    lib, path = _load(name)
+                    _CHECKS[name](lib)
+                    _state[name, "path"] = path
+                except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                    lib = None
+                    _state[name, "why"] = str(e)
+                    log.warning("shuili reference: the compiled %s library is unavailable (%s); using "
+                                "the torch ops instead (the same bits, slower). Install a C compiler "
+                                "(gcc or clang) or set SHUILI_REFERENCE_NATIVE=0 to silence this.", name, e)
+            _state[name] = lib
+    return _state[name]
+
+
+def _compiler() -> str:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return shutil.which(cc)
+    raise RuntimeError("no C compiler found ($CC, cc, gcc, clang)")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":")[0].strip() in ("flags", "Features"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("SHUILI_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shuili")
+    return Path(root) / "native"
+
+
+def _load(name: str) -> tuple[ctypes.CDLL, Path]:
+    cc = _compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    src_name, flags = _LIBS[name]
+    src = _DIR / src_name
+    key = hashlib.sha256(b"\0".join([src.read_bytes(), version.encode(), _cpu_flags().encode(),
+                                     platform.machine().encode(), " ".join(flags + _torch_openmp()).encode()])
+                         ).hexdigest()[:16]
+    out = _cache_dir() / f"{src.stem}-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _build(cc, src, flags, out)
+    lib = ctypes.CDLL(str(out))
+    _SIGNATURES[name](lib)
+    return lib, out
+
+
+def _gemm_signature(lib) -> None:
+    p = ctypes.c_void_p
+    lib.shuili_fixed_gemm.argtypes = [p, p, ctypes.c_int64, ctypes.c_int64, p, p, ctypes.c_int64, p, ctypes.c_int]
+    lib.shuili_fixed_gemm.restype = None
+
+
+def _rowops_signature(lib) -> None:
+    from shuili.hal import numerics
+
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    lib.shuili_rms_norm.argtypes = [p, p, p, i64, i64, f32, p, p]
+    lib.shuili_rms_norm.restype = ctypes.c_int
+    lib.shuili_swiglu.argtypes = [p, i64, i64, ctypes.c_int, f32, p, ctypes.c_int]
+    lib.shuili_swiglu.restype = None
+    lib.shuili_log_softmax.argtypes = [p, i64, i64, p, ctypes.c_int]
+    lib.shuili_log_softmax.restype = ctypes.c_int
+    d = ctypes.c_double
+    lib.shuili_rowops_init.argtypes = [p, ctypes.c_int, p, ctypes.c_int, d, d, d, d]
+    lib.shuili_rowops_init.restype = None
+    exp_c = (d * len(numerics._EXP_COEFFS))(*numerics._EXP_COEFFS)
+    log_c = (d * len(numerics._LOG_COEFFS))(*numerics._LOG_COEFFS)
+    lib.shuili_rowops_init(ctypes.addressof(exp_c), len(exp_c), ctypes.addressof(log_c), len(log_c),
+                           numerics._LN2_HI, numerics._LN2_LO, numerics._INV_LN2, numerics._SQRT2)
+
+
+def _torch_openmp() -> list[str]:
+    """Link flags for the OpenMP runtime torch loaded (its own libgomp copy in pip wheels), so the
+    kernel's threads are torch's team: a second runtime's spinning workers would share the cores
+    with torch's after every op. Empty when torch has no libgomp of its own (then the compiler's)."""
+    if torch.__config__.parallel_info().find("OpenMP") < 0:
+        return []
+    for line in Path("/proc/self/maps").read_text().splitlines() if Path("/proc/self/maps").exists() else []:
+        path = line.split()[-1]
+        if "/libgomp" in path and os.path.exists(path):
+            return [f"-L{os.path.dirname(path)}", f"-l:{os.path.basename(path)}",
+                    f"-Wl,-rpath,{os.path.dirname(path)}"]
+    return []
+
+
+def _build(cc: str, src: Path, extra: list[str], out: Path) -> None:
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    omp = _torch_openmp()
+    try:
+        errors = []
+        # some compilers (and ARM gcc) refuse -march=native; clang may lack OpenMP: pthreads then
+        for flags in (["-march=native", "-fopenmp", *omp], ["-fopenmp", *omp], ["-march=native"], []):
+            cmd = [cc, "-O3", "-fPIC", "-shared", "-pthread", "-fno-fast-math", *extra, *flags, str(src), "-o", tmp]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if r.returncode == 0:
+                os.replace(tmp, out)  # atomic: a concurrent builder's file is equally good
+                return
+            errors.append(f"{' '.join(cmd)}: {r.stderr.strip()[-400:]}")
+        raise RuntimeError(f"building {src.name} failed: " + " | ".join(errors))
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _check_gemm(lib) -> None:
+    """Bit equality with numerics.scaled_matmul on grids with ties, zeros of both signs, NaN, inf,
+    subnormal and overflowing scales, ragged row and column counts, one and two threads."""
+    from shuili.hal import numerics
+
+    g = torch.Generator().manual_seed(13)
+    m, n, k = 13, 21, 37
+    pa, pb = numerics.dot_bits(k)
+    qa = torch.randint(-(1 << pa), (1 << pa) + 1, (m, k), generator=g).to(torch.float64)
+    qb = torch.randint(-(1 << pb), (1 << pb) + 1, (n, k), generator=g).to(torch.float64)
+    qa[0] = 0.0
+    qa[1] = -0.0
+    qb[2] = -0.0
+    qa[3, 5] = float("nan")
+    qa[4, 6] = float("inf")
+    qb[5, 7] = float("-inf")
+    sa = numerics.pow2(torch.randint(-1100, 200, (m, 1), generator=g))
+    sb = numerics.pow2(torch.randint(-200, 1000, (1, n), generator=g))
+    want = numerics.scaled_matmul(qa, sa, qb, sb)
+    panels = pack(qb)
+    for threads in (1, 2):
+        got = torch.empty(m, n, dtype=torch.float32)
+        lib.shuili_fixed_gemm(qa.data_ptr(), sa.contiguous().data_ptr(), m, k, panels.data_ptr(),
+                              sb.contiguous().data_ptr(), n, got.data_ptr(), threads)
+        if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+            raise RuntimeError("the native fixed-point GEMM disagrees with the torch path's bits "
+                               f"({threads} thread(s)); please report this with your compiler and CPU")
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float32).contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """float32 x [..., D]: (norm.rms_norm(s, weight, eps), s) with s = x + residual, or s = x (then
+    None is returned for it): the bits of norm.py's torch form."""
+    lib = _need("rowops")
+    d = x.shape[-1]
+    xs = _f32(x)
+    rs = _f32(residual) if residual is not None else None
+    ws = _f32(weight) if weight is not None else None
+    y = torch.empty_like(xs)
+    s = torch.empty_like(xs) if rs is not None else None
+    rows = xs.numel() // d if d else 0
+    if rows and lib.shuili_rms_norm(xs.data_ptr(), rs.data_ptr() if rs is not None else None,
+                                    ws.data_ptr() if ws is not None else None, rows, d, float(eps),
+                                    y.data_ptr(), s.data_ptr() if s is not None else None):
+        raise MemoryError("rms_norm: out of memory for one row's scratch")
+    return y, s
+
+
+def swiglu(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """float32 [..., 2I] -> [..., I]: elementwise.swiglu's bits."""
+    lib = _need("rowops")
+    gu = _f32(gate_up)
+    inter = gu.shape[-1] // 2
+    out = torch.empty(*gu.shape[:-1], inter, dtype=torch.float32)
+    rows = gu.numel() // gu.shape[-1] if gu.shape[-1] else 0
+    if rows and inter:
+        lib.shuili_swiglu(gu.data_ptr(), rows, inter, limit is not None,
+                          float(limit) if limit is not None else 0.0, out.data_ptr(),
+                          torch.get_num_threads() if rows * inter >= (1 << 16) else 1)
+    return out
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """float32 [B, V]: sampling._log_softmax_rows's bits, rows over torch's thread count."""
+    lib = _need("rowops")
+    x = _f32(logits)
+    out = torch.empty_like(x)
+    if x.numel() and lib.shuili_log_softmax(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr(),
+                                            torch.get_num_threads() if x.numel() >= (1 << 16) else 1):
+        raise MemoryError("log_softmax: out of memory for one row's scratch")
+    return out
+
+
+def _edge_values(g: torch.Generator, n: int) -> torch.Tensor:
+    """float32 values of every magnitude, with zeros of both signs, subnormals, infinities, nan and
+    the exp/clamp boundaries."""
+    x = torch.randn(n, generator=g) * numerics_pow2_f32(torch.randint(-30, 30, (n,), generator=g))
+    special = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1e-40, float("inf"), float("-inf"), float("nan"),
+                            -103.97, -110.0, -745.5, 88.72, 90.0, 709.5, 3.4e38, -3.4e38])
+    x[:special.numel()] = special[:n]
+    return x
+
+
+def numerics_pow2_f32(n: torch.Tensor) -> torch.Tensor:
+    return torch.ldexp(torch.ones(n.shape), n.to(torch.float32))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, except that any nan equals any nan (payloads are not part of the contract)."""
+    na, nb = a.isnan(), b.isnan()
+    return bool(torch.equal(na, nb)) and torch.equal(a.masked_fill(na, 0).view(torch.int32),
+                                                     b.masked_fill(nb, 0).view(torch.int32))
+
+
+def _check_rowops(lib) -> None:
+    """Each op against its torch form, bit for bit, on edge values (the oracle's own test)."""
+    from shuili.platforms.reference import elementwise, norm, sampling
+
+    _state["rowops"] = lib  # the wrappers look it up
+    try:
+        g = torch.Generator().manual_seed(7)
+        x = _edge_values(g, 37 * 3).view(3, 37)
+        r = _edge_values(g, 37 * 3).view(3, 37).flip(-1)
+        w = torch.randn(37, generator=g)
+        checks = {
+            "rms_norm": (rms_norm(x, w, 1e-6, r), norm.add_rms_norm_torch(x, r, w, 1e-6)),
+            "swiglu": (swiglu(torch.cat([x, r], -1), None), elementwise.swiglu_torch(torch.cat([x, r], -1), None)),
+            "swiglu_limit": (swiglu(torch.cat([x, r], -1), 7.0), elementwise.swiglu_torch(torch.cat([x, r], -1), 7.0)),
+            "log_softmax": (log_softmax(x), sampling.log_softmax_torch(x)),
+        }
+        for name, (got, want) in checks.items():
+            got = got if isinstance(got, tuple) else (got,)
+            want = want if isinstance(want, tuple) else (want,)
+            if not all(_same(a, b) for a, b in zip(got, want)):
+                raise RuntimeError(f"the native {name} disagrees with its torch form's bits; please "
+                                   "report this with your compiler and CPU")
+    finally:
+        _state.pop("rowops")
+
+
+_SIGNATURES = {"gemm": _gemm_signature, "rowops": _rowops_signature}
+_CHECKS = {"gemm": _check_gemm, "rowops": _check_rowops}

@@ -1,0 +1,135 @@
+/* The reference platform's exact fixed-point GEMM (see ../native.py and hal/numerics.py).
+
+   out[i, n] = (float)(((sum_k a[i, k] * w[n, k]) + 0.0) * sa[i] * sb[n])
+
+   a holds integer-valued float64 grids, w the weight's integer grid stored as float32 (|q| <= 2^24,
+   so exactly) in panels of NR rows: p[N / NR][K][NR]. numerics.dot_bits keeps every product and every
+   partial sum of up to K products an integer below 2^53, so each addition is exact and the sum is
+   the same in any order, blocking, vector width, FMA or thread split: the result bits are those of
+   the torch float64 matmul path on any CPU. The finishing adds and multiplies are the same IEEE
+   operations in the same order as numerics.scaled_matmul's. Build without -ffast-math (signed
+   zeros, NaN and inf must follow IEEE). */
+#include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define NR 8
+#define MR 6
+
+typedef double v4d __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16), aligned(4)));
+
+static inline __attribute__((always_inline)) void tile(int mr, int64_t k, const double *a, int64_t lda,
+                                                       const double *p, const double *sa, const double *sb,
+                                                       float *out, int64_t ldo, int nc) {
+    v4d acc[MR][2];
+    for (int i = 0; i < MR; ++i) {
+        acc[i][0] = (v4d){0.0, 0.0, 0.0, 0.0};
+        acc[i][1] = (v4d){0.0, 0.0, 0.0, 0.0};
+    }
+    for (int64_t kk = 0; kk < k; ++kk) {
+        v4d b0 = *(const v4d *)(p + kk * NR);
+        v4d b1 = *(const v4d *)(p + kk * NR + 4);
+        for (int i = 0; i < mr; ++i) {
+            double ai = a[i * lda + kk];
+            acc[i][0] += ai * b0;
+            acc[i][1] += ai * b1;
+        }
+    }
+    for (int i = 0; i < mr; ++i) {
+        double s = sa[i];
+        for (int j = 0; j < nc; ++j) {
+            double t = acc[i][j >> 2][j & 3] + 0.0;
+            t = t * s;
+            t = t * sb[j];
+            out[i * ldo + j] = (float)t;
+        }
+    }
+}
+
+static void tile_rows(int mr, int64_t k, const double *a, int64_t lda, const double *p, const double *sa,
+                      const double *sb, float *out, int64_t ldo, int nc) {
+    /* one specialised loop per row count, so acc stays in registers */
+    switch (mr) {
+        case 6: tile(6, k, a, lda, p, sa, sb, out, ldo, nc); break;
+        case 5: tile(5, k, a, lda, p, sa, sb, out, ldo, nc); break;
+        case 4: tile(4, k, a, lda, p, sa, sb, out, ldo, nc); break;
+        case 3: tile(3, k, a, lda, p, sa, sb, out, ldo, nc); break;
+        case 2: tile(2, k, a, lda, p, sa, sb, out, ldo, nc); break;
+        default: tile(1, k, a, lda, p, sa, sb, out, ldo, nc); break;
+    }
+}
+
+typedef struct {
+    const double *a, *sa, *sb;
+    const float *p;
+    float *out;
+    int64_t m, k, n, mc, p0, p1;
+} job_t;
+
+static void *run(void *arg) {
+    const job_t *j = (const job_t *)arg;
+    /* one panel widened to float64 at a time (K x NR x 8 bytes, L1/L2-resident): the tiles then
+       read it with the multiply-adds' memory operands, and the registers hold 12 accumulators */
+    double *panel = aligned_alloc(64, (size_t)((j->k * NR * 8 + 63) / 64 * 64 + 64));
+    if (!panel) return (void *)1;
+    for (int64_t m0 = 0; m0 < j->m; m0 += j->mc) {  /* a block of rows stays in L2 while panels stream */
+        int64_t m1 = m0 + j->mc < j->m ? m0 + j->mc : j->m;
+        for (int64_t pp = j->p0; pp < j->p1; ++pp) {
+            int64_t n0 = pp * NR;
+            int nc = j->n - n0 < NR ? (int)(j->n - n0) : NR;
+            const float *src = j->p + pp * j->k * NR;
+            for (int64_t e = 0; e < j->k * NR; e += 4)
+                *(v4d *)(panel + e) = __builtin_convertvector(*(const v4f *)(src + e), v4d);
+            for (int64_t i = m0; i < m1; i += MR) {
+                int mr = m1 - i < MR ? (int)(m1 - i) : MR;
+                tile_rows(mr, j->k, j->a + i * j->k, j->k, panel, j->sa + i, j->sb + n0,
+                          j->out + i * j->n + n0, j->n, nc);
+            }
+        }
+    }
+    free(panel);
+    return NULL;
+}
+
+/* a [m, k] float64 (contiguous), p packed [ceil(n / NR), k, NR] float32, sa [m], sb [n] float64,
+   out [m, n] float32; the output columns are split over `threads` threads. Built with OpenMP, the
+   threads are the team of the OpenMP runtime torch itself uses (native.py links the same one), so
+   torch's pool and this kernel do not fight over the cores; without OpenMP, pthreads (a part whose
+   thread cannot be started runs on the calling thread). */
+void shuili_fixed_gemm(const double *a, const double *sa, int64_t m, int64_t k, const float *p,
+                       const double *sb, int64_t n, float *out, int threads) {
+    int64_t panels = (n + NR - 1) / NR;
+    int64_t mc = (196608 / (8 * (k > 0 ? k : 1))) / MR * MR;
+    if (mc < MR) mc = MR;
+    if (threads < 1) threads = 1;
+    if (threads > 256) threads = 256;
+    if (threads > panels) threads = panels > 0 ? (int)panels : 1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        job_t j = {a, sa, sb, p, out, m, k, n, mc, panels * t / nt, panels * (t + 1) / nt};
+        run(&j);
+    }
+#else
+    job_t jobs[256];
+    pthread_t tids[256];
+    int started[256];
+    for (int t = 0; t < threads; ++t) {
+        jobs[t] = (job_t){a, sa, sb, p, out, m, k, n, mc, panels * t / threads, panels * (t + 1) / threads};
+        started[t] = 0;
+    }
+    for (int t = 1; t < threads; ++t)
+        started[t] = pthread_create(&tids[t], NULL, run, &jobs[t]) == 0;
+    run(&jobs[0]);
+    for (int t = 1; t < threads; ++t) {
+        if (started[t]) pthread_join(tids[t], NULL);
+        else run(&jobs[t]);
+    }
+#endif
+}

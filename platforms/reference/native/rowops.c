@@ -1,0 +1,214 @@
+/* The reference platform's row-local ops as compiled loops (see ../native.py): rms_norm with the
+   residual add, SwiGLU, log_softmax. Each performs, per element, the IEEE operations of its torch
+   form in hal/numerics.py and platforms/reference/{norm,elementwise,sampling}.py in the same order
+   and precision, so the bits are the same; what it saves is ~50-150 torch ops per call, each a pass
+   through memory plus dispatch. Build with -ffp-contract=off and without -ffast-math: a fused
+   multiply-add or a reassociation would change bits. The constants (Taylor and atanh
+   coefficients, ln 2 split, 1/ln 2, sqrt 2) are handed over from numerics.py by shuili_rowops_init,
+   so they live in one place. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static double EXP_C[32], LOG_C[32], LN2_HI, LN2_LO, INV_LN2, SQRT2;
+static int N_EXP, N_LOG;
+
+void shuili_rowops_init(const double *exp_c, int n_exp, const double *log_c, int n_log, double ln2_hi,
+                        double ln2_lo, double inv_ln2, double sqrt2) {
+    N_EXP = n_exp < 32 ? n_exp : 32;
+    N_LOG = n_log < 32 ? n_log : 32;
+    memcpy(EXP_C, exp_c, sizeof(double) * N_EXP);
+    memcpy(LOG_C, log_c, sizeof(double) * N_LOG);
+    LN2_HI = ln2_hi;
+    LN2_LO = ln2_lo;
+    INV_LN2 = inv_ln2;
+    SQRT2 = sqrt2;
+}
+
+static inline double pow2(int64_t n) { /* numerics.pow2: 2^n from the bits, n in [-1022, 1023] */
+    uint64_t b = (uint64_t)(n + 1023) << 52;
+    double d;
+    memcpy(&d, &b, 8);
+    return d;
+}
+
+/* 2^n for an integer-valued double n in [-1022, 1023], from the bits without a float -> int
+   conversion (AVX2 has none for 64-bit lanes): n + 1023 + 2^52 holds n + 1023 in its low bits */
+static inline double pow2d(double n) {
+    double t = n + 1023.0 + 0x1p52, one = 0x1p52;
+    uint64_t bt, bo;
+    memcpy(&bt, &t, 8);
+    memcpy(&bo, &one, 8);
+    uint64_t b = (bt - bo) << 52;
+    double d;
+    memcpy(&d, &b, 8);
+    return d;
+}
+
+static inline double clampd(double x, double lo, double hi) { /* torch.clamp: nan stays nan */
+    return x < lo ? lo : (x > hi ? hi : x);
+}
+
+/* numerics.exp64 of one element, branch-free so that loops over it vectorise: the two-factor
+   scaling where n < -1000 (numerics uses it for a whole tensor when any element needs it: the same
+   bits for the others, as it notes); nan in, nan out (through p) */
+static inline double exp64(double x) {
+    x = clampd(x, -745.0, 709.0);
+    double n = nearbyint(x * INV_LN2);
+    double r = x - n * LN2_HI;
+    r = r - n * LN2_LO;
+    double p = r * EXP_C[N_EXP - 1] + EXP_C[N_EXP - 2];
+    for (int i = N_EXP - 3; i >= 0; --i) p = p * r + EXP_C[i];
+    double nn = n == n ? n : 0.0;
+    double half = nn >= -1000.0 ? nn : floor(nn * 0.5);
+    double rest = nn >= -1000.0 ? 0.0 : nn - half;  /* p * 2^n * 2^0 = p * 2^n: the one rounding */
+    return p * pow2d(half) * pow2d(rest);
+}
+
+/* numerics.log64 of one element */
+static inline double log64(double x) {
+    if (x != x) return x;
+    if (x == 0.0) return -INFINITY;
+    if (x < 0.0) return NAN;
+    if (isinf(x)) return x;
+    int sub = x > 0.0 && x < 0x1p-1022;
+    double xs = sub ? x * 0x1p54 : x;
+    int64_t bits;
+    memcpy(&bits, &xs, 8);
+    int64_t e = ((bits >> 52) & 0x7FF) - 1023 - 54 * sub;
+    int64_t mb = (bits & 0xFFFFFFFFFFFFFLL) | (1023LL << 52);
+    double m;
+    memcpy(&m, &mb, 8);
+    int big = m > SQRT2;
+    if (big) m = m * 0.5;
+    double ef = (double)(e + big);
+    double s = (m - 1.0) / (m + 1.0);
+    double s2 = s * s;
+    double p = LOG_C[N_LOG - 1];
+    for (int i = N_LOG - 2; i >= 0; --i) p = p * s2 + LOG_C[i];
+    return (ef * LN2_HI + 2.0 * s * p) + ef * LN2_LO;
+}
+
+/* numerics.tree_sum of v[0..n) in float32: pad to a power of two with zeros, add the upper half
+   onto the lower half until one remains; buf holds the next power of two >= n floats */
+static float tree_sum(const float *v, int64_t n, float *buf) {
+    if (n == 0) return 0.0f;
+    int64_t width = 1;
+    while (width < n) width <<= 1;
+    memcpy(buf, v, sizeof(float) * n);
+    for (int64_t i = n; i < width; ++i) buf[i] = 0.0f;
+    while (width > 1) {
+        width >>= 1;
+        for (int64_t i = 0; i < width; ++i) buf[i] = buf[i] + buf[i + width];
+    }
+    return buf[0];
+}
+
+static int64_t pow2_at_least(int64_t n) {
+    int64_t w = 1;
+    while (w < n) w <<= 1;
+    return w;
+}
+
+/* norm.add_rms_norm / rms_norm, float32: s = x + res (if res), y = s * (1 / sqrt(tree_sum(s*s) / d
+   + eps)) (* w); s_out may be NULL. Returns 0, -1 when out of memory. */
+int shuili_rms_norm(const float *x, const float *res, const float *w, int64_t rows, int64_t d, float eps,
+                    float *y, float *s_out) {
+    int64_t width = pow2_at_least(d);
+    float *sq = malloc(sizeof(float) * (size_t)(d + 2 * width + 1));
+    if (!sq) return -1;
+    float *buf = sq + d, *s = sq + d + width;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * d;
+        if (res) {
+            const float *rr = res + r * d;
+            for (int64_t i = 0; i < d; ++i) s[i] = xr[i] + rr[i];
+            if (s_out) memcpy(s_out + r * d, s, sizeof(float) * d);
+        } else {
+            memcpy(s, xr, sizeof(float) * d);
+        }
+        for (int64_t i = 0; i < d; ++i) sq[i] = s[i] * s[i];
+        float ms = tree_sum(sq, d, buf) / (float)d;
+        float inv = 1.0f / sqrtf(ms + eps);  /* sqrtf is IEEE: correctly rounded, as numerics.sqrt */
+        float *yr = y + r * d;
+        for (int64_t i = 0; i < d; ++i) yr[i] = s[i] * inv;
+        if (w)
+            for (int64_t i = 0; i < d; ++i) yr[i] = yr[i] * w[i];
+    }
+    free(sq);
+    return 0;
+}
+
+static inline float silu_mul(float g, float u) {
+    double x = (double)g;
+    double den = exp64(-clampd(x, -745.0, 709.0)) + 1.0;
+    return (float)(x / den) * u;
+}
+
+/* elementwise.swiglu, float32 [rows, 2 * inter] -> [rows, inter]: silu(g) in float64 rounded once,
+   times u in float32; limit applied when has_limit */
+void shuili_swiglu(const float *gu, int64_t rows, int64_t inter, int has_limit, float limit, float *out,
+                   int threads) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
+#endif
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *g = gu + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+        if (has_limit) {
+            for (int64_t i = 0; i < inter; ++i) {
+                float gi = g[i] > limit ? limit : g[i];
+                float ui = u[i] < -limit ? -limit : (u[i] > limit ? limit : u[i]);
+                o[i] = silu_mul(gi, ui);
+            }
+        } else {
+            for (int64_t i = 0; i < inter; ++i) o[i] = silu_mul(g[i], u[i]);
+        }
+    }
+}
+
+/* sampling._log_softmax_rows, float32 [rows, v]: z = x - m (m the row max, 0 if infinite),
+   z - log64(tree_sum(exp(z))); exp = exp64(clamp(z, -110, 90)) rounded to float32. Rows are split
+   over `threads`. Returns 0, -1 when out of memory. */
+int shuili_log_softmax(const float *x, int64_t rows, int64_t v, float *out, int threads) {
+    int64_t width = pow2_at_least(v);
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) reduction(| : failed)
+#endif
+    {
+        float *e = malloc(sizeof(float) * (size_t)(v + width + 1));
+        if (!e) {
+            failed = 1;
+        } else {
+            float *buf = e + v;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (int64_t r = 0; r < rows; ++r) {
+                const float *xr = x + r * v;
+                float *o = out + r * v;
+                float m = v ? xr[0] : -INFINITY;
+                for (int64_t i = 0; i < v; ++i) {
+                    float a = xr[i];
+                    if (a != a) { m = a; break; }  /* torch.amax propagates nan */
+                    if (a > m) m = a;
+                }
+                if (isinf(m)) m = 0.0f;
+                for (int64_t i = 0; i < v; ++i) {
+                    float z = xr[i] - m;
+                    o[i] = z;
+                    e[i] = (float)exp64(clampd((double)z, -110.0, 90.0));
+                }
+                float l = (float)log64((double)tree_sum(e, v, buf));
+                for (int64_t i = 0; i < v; ++i) o[i] = o[i] - l;
+            }
+            free(e);
+        }
+    }
+    return failed ? -1 : 0;
+}

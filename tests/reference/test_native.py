@@ -1,0 +1,138 @@
+"""The reference platform's compiled loops (platforms/reference/native.py) give the torch forms' bits.
+
+The GEMM is exact by construction (every partial sum is an integer below 2**53), the row ops
+repeat numerics' IEEE operations one by one; these tests hold both to the torch forms, bit for bit,
+on ragged shapes, edge values and several thread counts, and check the fallbacks: a host without a
+working compiler or with SHUILI_REFERENCE_NATIVE=0 runs the torch forms, with the same bits."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from shuili.hal import numerics
+from shuili.platforms.reference import elementwise, native, norm, sampling
+
+pytestmark = pytest.mark.skipif(not native.enabled("gemm") or not native.enabled("rowops"),
+                                reason=f"no C compiler on this host: {native.status()}")
+
+
+def grids(g, m, n, k):
+    pa, pb = numerics.dot_bits(k)
+    qa = torch.randint(-(1 << pa), (1 << pa) + 1, (m, k), generator=g).to(torch.float64)
+    qb = torch.randint(-(1 << pb), (1 << pb) + 1, (n, k), generator=g).to(torch.float64)
+    sa = numerics.pow2(torch.randint(-1000, 100, (m, 1), generator=g))
+    sb = numerics.pow2(torch.randint(-100, 900, (1, n), generator=g))
+    return qa, sa, qb, sb
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 9), (5, 7, 64), (6, 8, 576), (7, 9, 576), (16, 960, 576),
+                                   (13, 37, 1536), (70, 17, 300), (64, 3, 16384)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_gemm_bits_equal_scaled_matmul(m, n, k, threads):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    qa, sa, qb, sb = grids(g, m, n, k)
+    qa[0, : k // 2] = -0.0  # exact zero sums and signed zeros
+    if m > 2:
+        qa[1] = (1 << numerics.dot_bits(k)[0])  # the largest grid values: the bound is tight
+        qb[0] = -(1 << numerics.dot_bits(k)[1])
+    want = numerics.scaled_matmul(qa, sa, qb, sb)
+    got = native.gemm(qa, sa, native.pack(qb), sb, n, threads=threads)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_gemm_nonfinite_rows_match():
+    g = torch.Generator().manual_seed(3)
+    qa, sa, qb, sb = grids(g, 9, 11, 33)
+    qa[2, 3], qa[4, 0], qb[5, 7] = float("nan"), float("inf"), float("-inf")
+    want = numerics.scaled_matmul(qa, sa, qb, sb)
+    got = native.gemm(qa, sa, native.pack(qb), sb, 11)
+    assert native._same(got, want)
+
+
+def test_pack_refuses_grids_float32_cannot_hold():
+    with pytest.raises(ValueError, match="2\\*\\*24"):
+        native.pack(torch.tensor([[float((1 << 24) + 1)]], dtype=torch.float64))
+
+
+def test_gemm_check_catches_a_wrong_kernel():
+    """Negative control of the load-time check: a kernel that drops the last product is refused."""
+    real = native._library("gemm")
+
+    class Wrong:
+        def shuili_fixed_gemm(self, a, sa, m, k, p, sb, n, out, threads):
+            real.shuili_fixed_gemm(a, sa, m, k - 1, p, sb, n, out, threads)  # wrong: panels not re-laid out for k - 1
+
+    with pytest.raises(RuntimeError, match="disagrees"):
+        native._check_gemm(Wrong())
+
+
+def edge(g, shape):
+    x = native._edge_values(g, int(torch.Size(shape).numel())).view(shape)
+    return x[..., torch.randperm(shape[-1], generator=g)]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 37), (16, 576), (2, 5, 960)])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm_bits(shape, with_weight):
+    g = torch.Generator().manual_seed(sum(shape))
+    x, r = edge(g, shape), torch.randn(shape, generator=g) * 100
+    w = torch.randn(shape[-1], generator=g) if with_weight else None
+    got_y, got_s = norm.add_rms_norm(x, r, w, 1e-5)
+    want_y, want_s = norm.add_rms_norm_torch(x, r, w, 1e-5)
+    assert native._same(got_y, want_y) and native._same(got_s, want_s)
+    assert native._same(norm.rms_norm(r, w, 1e-6), norm.rms_norm_torch(r, w, 1e-6))
+
+
+@pytest.mark.parametrize("limit", [None, 7.0, 0.1])
+def test_swiglu_bits(limit):
+    g = torch.Generator().manual_seed(5)
+    for shape in [(1, 2), (3, 74), (16, 3072), (2, 3, 64)]:
+        x = edge(g, shape) if shape[-1] > 16 else torch.randn(shape, generator=g)
+        assert native._same(elementwise.swiglu(x, limit), elementwise.swiglu_torch(x, limit))
+    wide = torch.linspace(-800.0, 800.0, 20000).view(1, -1)  # every exp64 branch, both factor forms
+    assert native._same(native.swiglu(wide, None), elementwise.swiglu_torch(wide, None))
+
+
+def test_log_softmax_bits():
+    g = torch.Generator().manual_seed(11)
+    cases = [torch.randn(16, 49152, generator=g) * 8, edge(g, (4, 333)), torch.full((2, 5), float("-inf")),
+             torch.tensor([[float("inf"), 1.0, 2.0], [float("nan"), 0.0, 1.0]]), torch.randn(1, 1, generator=g),
+             torch.linspace(-300.0, 300.0, 4001).view(1, -1)]
+    for x in cases:
+        assert native._same(sampling.log_softmax(x), sampling.log_softmax_torch(x)), x.shape
+    assert native._same(native.log_softmax(cases[0]), sampling.log_softmax_torch(cases[0]))
+
+
+_PROBE = """
+import json, torch
+from shuili.platforms.reference import native, gemm, norm
+from shuili.hal.types import Weight
+g = torch.Generator().manual_seed(1)
+x, w = torch.randn(5, 96, generator=g), Weight.dense(torch.randn(40, 96, generator=g))
+y = gemm.linear(x, w)
+z = norm.add_rms_norm(x, x.flip(0), None, 1e-6)[0]
+print(json.dumps({"status": native.status(), "bits": [y.view(torch.int32).tolist(), z.view(torch.int32).tolist()]}))
+"""
+
+
+def _probe(tmp_path, **env) -> dict:
+    e = {**os.environ, "SHUILI_CACHE_DIR": str(tmp_path / "cache"), **env}
+    r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=e, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1]) | {"stderr": r.stderr}
+
+
+def test_fallbacks_give_the_same_bits(tmp_path):
+    built = _probe(tmp_path)
+    assert built["status"].count("native (") == 2, built["status"]
+    off = _probe(tmp_path, SHUILI_REFERENCE_NATIVE="0")
+    assert off["status"].count("torch (SHUILI_REFERENCE_NATIVE=0)") == 2
+    broken = _probe(tmp_path, CC="false")  # a compiler that always fails: warned, then torch
+    assert broken["status"].count("torch (building") == 2, broken["status"]
+    assert "SHUILI_REFERENCE_NATIVE=0 to silence" in broken["stderr"]
+    assert built["bits"] == off["bits"] == broken["bits"]
