@@ -2,6 +2,7 @@
 # One device call on the H200: environment, GPU kernel tests, conformance, end to end, kernel roofline.
 #   STAGES="env e2e kernels confbi tests" bash benchmarks/run_h200.sh     (stages run in the order given)
 #   stages not in the default list: conf confcli relock serve spec kvtiers v41conf v41tput tp1 v41graphs qgemm cpudigest
+#   cpusuite
 # Logs and JSON go to $OUT (or ./h200_out); each stage has a timeout (T_<STAGE> seconds).
 set -u
 OUT=${OUT:-$PWD/h200_out}
@@ -140,6 +141,12 @@ for f, d in runs.items():
           "differ from EXPECT:", None if ref is None else [k for k in keys if k in ref and d[k] != ref[k]],
           "EXPECT host:", None if ref is None else ref.get("_host"))
 PY
+}
+cpusuite_() {  # issue 13: the README's test suite on this host's CPU (AVX-512 where it has it), GPU hidden,
+  # spread over CPU_WORKERS pytest-xdist workers (carried as a wheel): the suite's count and failures
+  grep -o -m1 -w avx512f /proc/cpuinfo || echo "no avx512f"
+  CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY=${CPU_CAP:-avx512} timeout ${T_CPUSUITE:-420} python3 -m pytest -q \
+      -p no:cacheprovider -n ${CPU_WORKERS:-14} tests 2>&1 | tail -${CPU_TAIL:-40} | tee "$OUT/cpusuite.txt"
 }
 # What the open issues still need from the H200 after the run of 2026-12-04 17:03 UTC (docs/performance.md):
 # first, T_TESTS=120 TESTS=tests/nvidia/test_transfer.py STAGES=tests (map_host's split shared-page tests); then
