@@ -1,6 +1,8 @@
-"""The reference GEMM's compiled kernel: `native/fixed_gemm.c`, built on first use, loaded with ctypes.
+"""The reference platform's compiled loops, built on first use, loaded with ctypes: the GEMM
+(`native/fixed_gemm.c`) and the row ops add_rms_norm, swiglu, log_softmax (`native/rowops.c`, which
+repeat numerics' IEEE operations in order; see its header).
 
-Why a compiled kernel and why its bits are still the oracle's: `numerics.dot_bits` keeps every
+Why a compiled GEMM and why its bits are still the oracle's: `numerics.dot_bits` keeps every
 partial sum of the fixed-point products an integer below 2**53, so any summation order gives the
 same float64 sum. The C loop may block, vectorise, fuse multiply-adds and split the output columns
 over threads as it likes and still return exactly the torch float64 matmul path's bits; its
@@ -12,8 +14,9 @@ Built with the C compiler found as $CC, `cc` or `gcc` (`-O3 -march=native`, neve
 into $SHUILI_CACHE_DIR (default ~/.cache/shuili/native), keyed by the source, the compiler and the
 CPU's feature flags, written atomically, so concurrent processes and hosts sharing a home directory
 do not clash. At load the kernel is checked bit for bit against the torch path on a small case with
-edge values; a host without a compiler, a failed build or a failed check falls back to the torch
-path (same bits, slower) with one warning. SHUILI_REFERENCE_NATIVE=0 turns the kernel off.
+edge values, each row op against its torch form; a host without a compiler, a failed build or a
+failed check falls back to the torch forms (same bits, slower) with one warning.
+SHUILI_REFERENCE_NATIVE=0 turns both libraries off.
 """
 from __future__ import annotations
 
@@ -151,13 +154,14 @@ def _load(name: str) -> tuple[ctypes.CDLL, Path]:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     src_name, flags = _LIBS[name]
     src = _DIR / src_name
+    omp = _torch_openmp()
     key = hashlib.sha256(b"\0".join([src.read_bytes(), version.encode(), _cpu_flags().encode(),
-                                     platform.machine().encode(), " ".join(flags + _torch_openmp()).encode()])
+                                     platform.machine().encode(), " ".join(flags + omp).encode()])
                          ).hexdigest()[:16]
     out = _cache_dir() / f"{src.stem}-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        _build(cc, src, flags, out)
+        _build(cc, src, flags, omp, out)
     lib = ctypes.CDLL(str(out))
     _SIGNATURES[name](lib)
     return lib, out
@@ -202,10 +206,9 @@ def _torch_openmp() -> list[str]:
     return []
 
 
-def _build(cc: str, src: Path, extra: list[str], out: Path) -> None:
+def _build(cc: str, src: Path, extra: list[str], omp: list[str], out: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    omp = _torch_openmp()
     try:
         errors = []
         # some compilers (and ARM gcc) refuse -march=native; clang may lack OpenMP: pthreads then
@@ -289,7 +292,7 @@ def swiglu(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """float32 [B, V]: sampling._log_softmax_rows's bits, rows over torch's thread count."""
+    """float32 [B, V]: sampling.log_softmax_torch's bits, rows over torch's thread count."""
     lib = _need("rowops")
     x = _f32(logits)
     out = torch.empty_like(x)
@@ -302,15 +305,13 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
 def _edge_values(g: torch.Generator, n: int) -> torch.Tensor:
     """float32 values of every magnitude, with zeros of both signs, subnormals, infinities, nan and
     the exp/clamp boundaries."""
-    x = torch.randn(n, generator=g) * numerics_pow2_f32(torch.randint(-30, 30, (n,), generator=g))
+    from shuili.hal import numerics
+
+    x = torch.randn(n, generator=g) * numerics.pow2(torch.randint(-30, 30, (n,), generator=g)).to(torch.float32)
     special = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1e-40, float("inf"), float("-inf"), float("nan"),
                             -103.97, -110.0, -745.5, 88.72, 90.0, 709.5, 3.4e38, -3.4e38])
     x[:special.numel()] = special[:n]
     return x
-
-
-def numerics_pow2_f32(n: torch.Tensor) -> torch.Tensor:
-    return torch.ldexp(torch.ones(n.shape), n.to(torch.float32))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

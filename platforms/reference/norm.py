@@ -18,8 +18,8 @@ def _native(*ts: torch.Tensor | None) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """y = x * (1 / sqrt(tree_sum(x^2) / D + eps)) * weight, all float32, cast to x's dtype."""
-    _check(x, weight)
     if _native(x, weight):  # the same IEEE operations in one compiled loop (native.py)
+        _check(x, weight)
         return native.rms_norm(x, weight, eps)[0]
     return rms_norm_torch(x, weight, eps)
 
@@ -41,8 +41,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     """s = x + residual in x's dtype; returns (rms_norm(s, weight, eps), s)."""
     if x.shape != residual.shape:
         raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must match")
-    _check(x, weight)
     if _native(x, residual, weight):
+        _check(x, weight)
         return native.rms_norm(x, weight, eps, residual)
     return add_rms_norm_torch(x, residual, weight, eps)
 

@@ -23,17 +23,13 @@ _CHUNK_ELEMENTS = 1 << 18
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     if logits.dim() != 2:
         raise ValueError(f"log_softmax takes logits [B, V], got shape {tuple(logits.shape)}")
-    rows = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[1]))
-    if logits.shape[0] <= rows or (logits.dtype == torch.float32 and native.enabled("rowops")):
-        return _log_softmax_rows(logits)
-    # a row's bits depend only on that row, so row chunks give the whole tensor's bits
-    return torch.cat([_log_softmax_rows(c) for c in logits.split(rows)])
-
-
-def _log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
     if logits.dtype == torch.float32 and native.enabled("rowops"):  # one compiled loop, same bits
         return native.log_softmax(logits)
-    return log_softmax_torch(logits)
+    rows = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[1]))
+    if logits.shape[0] <= rows:
+        return log_softmax_torch(logits)
+    # a row's bits depend only on that row, so row chunks give the whole tensor's bits
+    return torch.cat([log_softmax_torch(c) for c in logits.split(rows)])
 
 
 def log_softmax_torch(logits: torch.Tensor) -> torch.Tensor:
