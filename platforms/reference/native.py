@@ -33,13 +33,20 @@ from pathlib import Path
 
 import torch
 
+from shuili.hal import numerics
+
 log = logging.getLogger(__name__)
 
 NR = 8  # output columns per packed weight panel: fixed_gemm.c's NR
 _DIR = Path(__file__).with_name("native")
 # library -> (source, extra flags). rowops repeats numerics' IEEE operations one by one: no fused
 # multiply-add may merge two of its roundings. The GEMM's sums are exact, so it may fuse freely.
-_LIBS = {"gemm": ("fixed_gemm.c", []), "rowops": ("rowops.c", ["-ffp-contract=off"])}
+# -fno-trapping-math and -fno-math-errno change no value (no trap or errno is ever read) but let
+# the exp loops be if-converted and vectorised; a Horner loop of fixed length (EXP_N, numerics'
+# coefficient count) unrolls, which a count known only at run time would not.
+_LIBS = {"gemm": ("fixed_gemm.c", []),
+         "rowops": ("rowops.c", ["-ffp-contract=off", "-fno-trapping-math", "-fno-math-errno",
+                                 f"-DEXP_N={len(numerics._EXP_COEFFS)}"])}
 MAX_BITS = 24  # float32 holds every integer grid value |q| <= 2**24 exactly
 _MAX_GRID = float(1 << MAX_BITS)
 _lock = threading.Lock()
@@ -174,8 +181,6 @@ def _gemm_signature(lib) -> None:
 
 
 def _rowops_signature(lib) -> None:
-    from shuili.hal import numerics
-
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.shuili_rms_norm.argtypes = [p, p, p, i64, i64, f32, p, p]
     lib.shuili_rms_norm.restype = ctypes.c_int
@@ -185,11 +190,12 @@ def _rowops_signature(lib) -> None:
     lib.shuili_log_softmax.restype = ctypes.c_int
     d = ctypes.c_double
     lib.shuili_rowops_init.argtypes = [p, ctypes.c_int, p, ctypes.c_int, d, d, d, d]
-    lib.shuili_rowops_init.restype = None
+    lib.shuili_rowops_init.restype = ctypes.c_int
     exp_c = (d * len(numerics._EXP_COEFFS))(*numerics._EXP_COEFFS)
     log_c = (d * len(numerics._LOG_COEFFS))(*numerics._LOG_COEFFS)
-    lib.shuili_rowops_init(ctypes.addressof(exp_c), len(exp_c), ctypes.addressof(log_c), len(log_c),
-                           numerics._LN2_HI, numerics._LN2_LO, numerics._INV_LN2, numerics._SQRT2)
+    if lib.shuili_rowops_init(ctypes.addressof(exp_c), len(exp_c), ctypes.addressof(log_c), len(log_c),
+                              numerics._LN2_HI, numerics._LN2_LO, numerics._INV_LN2, numerics._SQRT2):
+        raise RuntimeError(f"rowops was built for another exp coefficient count than numerics' {len(exp_c)}")
 
 
 def _torch_openmp() -> list[str]:
@@ -228,7 +234,6 @@ def _build(cc: str, src: Path, extra: list[str], omp: list[str], out: Path) -> N
 def _check_gemm(lib) -> None:
     """Bit equality with numerics.scaled_matmul on grids with ties, zeros of both signs, NaN, inf,
     subnormal and overflowing scales, ragged row and column counts, one and two threads."""
-    from shuili.hal import numerics
 
     g = torch.Generator().manual_seed(13)
     m, n, k = 13, 21, 37
@@ -305,7 +310,6 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
 def _edge_values(g: torch.Generator, n: int) -> torch.Tensor:
     """float32 values of every magnitude, with zeros of both signs, subnormals, infinities, nan and
     the exp/clamp boundaries."""
-    from shuili.hal import numerics
 
     x = torch.randn(n, generator=g) * numerics.pow2(torch.randint(-30, 30, (n,), generator=g)).to(torch.float32)
     special = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1e-40, float("inf"), float("-inf"), float("nan"),

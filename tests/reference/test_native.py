@@ -71,6 +71,17 @@ def test_gemm_check_catches_a_wrong_kernel():
         native._check_gemm(Wrong())
 
 
+def test_rowops_refuses_another_exp_length(monkeypatch):
+    """The exp loops unroll a Horner chain of the build's length (EXP_N): a numerics with another
+    coefficient count must refuse the library rather than compute a different polynomial."""
+    import ctypes
+
+    lib = ctypes.CDLL(native._state["rowops", "path"])
+    monkeypatch.setattr(numerics, "_EXP_COEFFS", [*numerics._EXP_COEFFS, 0.0])
+    with pytest.raises(RuntimeError, match="exp coefficient count"):
+        native._rowops_signature(lib)
+
+
 def edge(g, shape):
     x = native._edge_values(g, int(torch.Size(shape).numel())).view(shape)
     return x[..., torch.randperm(shape[-1], generator=g)]

@@ -14,19 +14,25 @@
 #include <omp.h>
 #endif
 
-static double EXP_C[32], LOG_C[32], LN2_HI, LN2_LO, INV_LN2, SQRT2;
-static int N_EXP, N_LOG;
+#ifndef EXP_N
+#error "EXP_N (numerics' exp coefficient count) is set by native.py"
+#endif
 
-void shuili_rowops_init(const double *exp_c, int n_exp, const double *log_c, int n_log, double ln2_hi,
-                        double ln2_lo, double inv_ln2, double sqrt2) {
-    N_EXP = n_exp < 32 ? n_exp : 32;
+static double EXP_C[EXP_N], LOG_C[32], LN2_HI, LN2_LO, INV_LN2, SQRT2;
+static int N_LOG;
+
+/* Returns -1 when numerics has another exp coefficient count than this build's EXP_N. */
+int shuili_rowops_init(const double *exp_c, int n_exp, const double *log_c, int n_log, double ln2_hi,
+                       double ln2_lo, double inv_ln2, double sqrt2) {
+    if (n_exp != EXP_N) return -1;
     N_LOG = n_log < 32 ? n_log : 32;
-    memcpy(EXP_C, exp_c, sizeof(double) * N_EXP);
+    memcpy(EXP_C, exp_c, sizeof(double) * EXP_N);
     memcpy(LOG_C, log_c, sizeof(double) * N_LOG);
     LN2_HI = ln2_hi;
     LN2_LO = ln2_lo;
     INV_LN2 = inv_ln2;
     SQRT2 = sqrt2;
+    return 0;
 }
 
 static inline double pow2(int64_t n) { /* numerics.pow2: 2^n from the bits, n in [-1022, 1023] */
@@ -50,7 +56,8 @@ static inline double pow2d(double n) {
 }
 
 static inline double clampd(double x, double lo, double hi) { /* torch.clamp: nan stays nan */
-    return x < lo ? lo : (x > hi ? hi : x);
+    double y = x < lo ? lo : x;  /* two selects, not nested ones: gcc if-converts only these */
+    return y > hi ? hi : y;
 }
 
 /* numerics.exp64 of one element, branch-free so that loops over it vectorise: the two-factor
@@ -61,8 +68,8 @@ static inline double exp64(double x) {
     double n = nearbyint(x * INV_LN2);
     double r = x - n * LN2_HI;
     r = r - n * LN2_LO;
-    double p = r * EXP_C[N_EXP - 1] + EXP_C[N_EXP - 2];
-    for (int i = N_EXP - 3; i >= 0; --i) p = p * r + EXP_C[i];
+    double p = r * EXP_C[EXP_N - 1] + EXP_C[EXP_N - 2];
+    for (int i = EXP_N - 3; i >= 0; --i) p = p * r + EXP_C[i];
     double nn = n == n ? n : 0.0;
     double half = nn >= -1000.0 ? nn : floor(nn * 0.5);
     double rest = nn >= -1000.0 ? 0.0 : nn - half;  /* p * 2^n * 2^0 = p * 2^n: the one rounding */
@@ -149,6 +156,21 @@ static inline float silu_mul(float g, float u) {
     return (float)(x / den) * u;
 }
 
+/* restrict rows of their own: gcc vectorises these loops, not the same loops inlined in the
+   OpenMP region with possibly aliasing pointers */
+static void silu_mul_row(const float *restrict g, const float *restrict u, float *restrict o, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) o[i] = silu_mul(g[i], u[i]);
+}
+
+static void silu_mul_row_limit(const float *restrict g, const float *restrict u, float *restrict o, int64_t n,
+                               float limit) {
+    for (int64_t i = 0; i < n; ++i) {
+        float gi = g[i] > limit ? limit : g[i];
+        float ui = u[i] < -limit ? -limit : (u[i] > limit ? limit : u[i]);
+        o[i] = silu_mul(gi, ui);
+    }
+}
+
 /* elementwise.swiglu, float32 [rows, 2 * inter] -> [rows, inter]: silu(g) in float64 rounded once,
    times u in float32; limit applied when has_limit */
 void shuili_swiglu(const float *gu, int64_t rows, int64_t inter, int has_limit, float limit, float *out,
@@ -157,17 +179,9 @@ void shuili_swiglu(const float *gu, int64_t rows, int64_t inter, int has_limit, 
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
 #endif
     for (int64_t r = 0; r < rows; ++r) {
-        const float *g = gu + r * 2 * inter, *u = g + inter;
-        float *o = out + r * inter;
-        if (has_limit) {
-            for (int64_t i = 0; i < inter; ++i) {
-                float gi = g[i] > limit ? limit : g[i];
-                float ui = u[i] < -limit ? -limit : (u[i] > limit ? limit : u[i]);
-                o[i] = silu_mul(gi, ui);
-            }
-        } else {
-            for (int64_t i = 0; i < inter; ++i) o[i] = silu_mul(g[i], u[i]);
-        }
+        const float *g = gu + r * 2 * inter;
+        if (has_limit) silu_mul_row_limit(g, g + inter, out + r * inter, inter, limit);
+        else silu_mul_row(g, g + inter, out + r * inter, inter);
     }
 }
 
