@@ -114,13 +114,22 @@ class Engine:
             if not prompt:
                 raise ValueError("empty prompt: give at least one character (or one token id)")
             text = self.model.apply_chat_template(prompt) if apply_chat_template else prompt
-            return list(self.tokenizer.encode(text))
+            return self._encode(text)
         ids = list(prompt)
         V = self.model.vocab_size
         bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are not ids in [0, {V}); pass a string or "
                              "valid ids for this model's vocabulary")
+        return ids
+
+    def _encode(self, text: str) -> list[int]:
+        ids = list(self.tokenizer.encode(text))
+        V = self.model.vocab_size
+        bad = [t for t in ids if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"the tokenizer produced ids {bad[:5]} outside the model's vocabulary [0, {V}): "
+                             "it does not match the model; load the checkpoint's own tokenizer")
         return ids
 
     def _check_fits(self, req: Request) -> None:

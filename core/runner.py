@@ -105,6 +105,7 @@ class ModelRunner:
         self.P = tokens_per_block
         self.device = device
         self.caches = allocate_caches(groups, num_blocks, tokens_per_block, device)
+        self.pool_blocks = {g.name: num_blocks[g.name] if isinstance(num_blocks, dict) else num_blocks for g in groups}
         model.bind_caches(self.caches, tokens_per_block)
         self.sampler = Sampler(ops, model.vocab_size)
         self.eos = tuple(model.tokenizer.eos_token_ids)
@@ -128,6 +129,7 @@ class ModelRunner:
             self._add_chunk(h, c)
         if h.holes and (prev is None or prev.sampled is None):
             raise RuntimeError("a placeholder token has no step in flight to fill it")
+        check_host_inputs(h, self.sampler.V, self.pool_blocks)
         i64, i32 = torch.int64, torch.int32
         width = max(max((len(t) for t in tab), default=0) for tab in h.tables.values()) or 1
         arrays = {
@@ -289,6 +291,25 @@ class ModelRunner:
                                                res.drafts])
         res.hidden = None  # read by the drafter only; not kept alive past the step
         return res
+
+
+def check_host_inputs(h: HostStep, vocab: int, pool: dict[str, int]) -> None:
+    """Range checks of the step's token ids and block tables, on the host lists they are built
+    from: a captured decode graph's ops leave their device checks out (platforms/nvidia/common.py
+    says why), so this is where an id that would read a row past the embedding, or write KV past
+    the pool, is stopped. Negative entries are placeholders (ids filled on the device from the
+    sampler, in [0, vocab) by construction) or padding (blocks the kernels skip). A slot is
+    block * P + offset (offset < P): in the pool whenever its block is, so tables cover slots."""
+    top = max(h.input_ids, default=-1)
+    if top >= vocab:
+        raise ValueError(f"token id {top} is outside the vocabulary [0, {vocab}): the engine admits only "
+                         "ids in range, so a drafter or the scheduler produced it; this is an engine bug")
+    for name, tables in h.tables.items():
+        top = max((max(t, default=-1) for t in tables), default=-1)
+        if top >= pool[name]:
+            raise ValueError(f"block id {top} of cache group {name!r} is outside the pool [0, {pool[name]}): "
+                             "its cache slots would fall past the KV cache; the block allocator handed out "
+                             "an id it does not own (an engine bug)")
 
 
 def _penalty_arrays(rows: list[SampleRow], prev: StepResult | None) -> dict:

@@ -268,14 +268,20 @@ def load_params(path: str, cfg: V4Config, device: str = "cpu", dtype: str = "flo
             w = _load_linear(rd, name, sp.shape, dt, device)
             out[name] = _grouped(w, cfg, name) if sp.kind == "grouped" else w
         elif sp.kind == "i64":
-            t = rd.get(name, sp.shape, (torch.int64, torch.int32))
-            if int(t.min()) < 0 or int(t.max()) >= cfg.n_routed_experts:
-                raise CheckpointError(f"tensor {name!r} has expert ids outside [0, {cfg.n_routed_experts})")
-            out[name] = t.long().to(device)
+            out[name] = _expert_ids(rd, name, sp.shape, cfg).to(device)
         else:
             t = rd.get(name, sp.shape, _FLOATS)
             out[name] = t.to(device=device, dtype=torch.float32 if sp.kind == "f32" else dt)
     return out
+
+
+def _expert_ids(rd, name: str, shape, cfg: V4Config) -> torch.Tensor:
+    """tid2eid, checked once here: hash routing indexes the experts with it every step, and a
+    captured decode graph does not check the ids it gives (platforms/nvidia/common.check)."""
+    t = rd.get(name, shape, (torch.int64, torch.int32))
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= cfg.n_routed_experts):
+        raise CheckpointError(f"tensor {name!r} has expert ids outside [0, {cfg.n_routed_experts})")
+    return t.long()
 
 
 def _grouped(w: Weight, cfg: V4Config, name: str) -> Weight:

@@ -203,8 +203,7 @@ def load_sharded(path: str, plan: ShardPlan, device: str = "cpu", dtype: str = "
             w = L._load_linear(rd, name, tuple(shape), dt, device)
             out[name] = L._grouped(w, local, name) if sp.kind == "grouped" else w
         elif sp.kind == "i64":
-            t = rd.get(name, sp.shape, (torch.int64, torch.int32))
-            out[name] = t.long().to(device)
+            out[name] = L._expert_ids(rd, name, sp.shape, local).to(device)
         else:
             t = rd.get(name, tuple(shape), L._FLOATS)
             out[name] = t.to(device=device, dtype=torch.float32 if sp.kind == "f32" else dt)

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from shuili.hal.types import Weight
 from shuili.platforms.nvidia import qgemm
-from shuili.platforms.nvidia.common import as_u8, cdiv, check, interpreting
+from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting
 from shuili.platforms.nvidia.moe_prep import group_tiles, moe_prep
 from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
 
@@ -288,7 +288,7 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,
     if len(w.shape) != 3 or w.shape[-1] != k or group_sizes.numel() != w.shape[0]:
         raise ValueError(f"grouped_linear: x {tuple(x.shape)}, weight {w.shape}, "
                          f"{group_sizes.numel()} groups do not fit (W is [E, N, K], one size per E)")
-    check(group_sizes.sum() == m, f"grouped_linear: group_sizes must sum to M={m}")
+    check(group_sizes, lambda g: g.sum() == m, f"grouped_linear: group_sizes must sum to M={m}")
     return _grouped(x, w, group_sizes, None, batch_invariant, out_dtype, weight_dtype)
 
 
@@ -320,7 +320,7 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     t, k = topk_ids.shape
     e = w13.shape[0]
     flat = topk_ids.reshape(-1).to(torch.int64)
-    check((flat >= 0) & (flat < e), f"moe_experts: topk_ids must lie in [0, {e})")
+    check(flat, in_range(0, e), f"moe_experts: topk_ids must lie in [0, {e})")
     # both GEMMs have t * k rows in the same groups: one tile map (built on the device) serves both
     order, sizes, tiles = moe_prep(flat, e, _grouped_tile(t * k, e, batch_invariant)[0])
     tiles = tiles if t else None

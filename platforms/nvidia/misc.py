@@ -6,12 +6,12 @@ import torch
 import triton
 import triton.language as tl
 
-from shuili.platforms.nvidia.common import as_u8, cdiv, check, pow2
+from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, pow2
 
 
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     ids = ids.to(torch.int64)
-    check((ids >= 0) & (ids < table.shape[0]), f"embedding ids must lie in [0, {table.shape[0]})")
+    check(ids, in_range(0, table.shape[0]), f"embedding ids must lie in [0, {table.shape[0]})")
     return torch.nn.functional.embedding(ids, table)
 
 
@@ -45,7 +45,7 @@ def cache_write(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
     if n == 0:
         return None
     slots = cache.shape[0] * cache.shape[1]
-    check(slot_mapping < slots, f"cache_write: slots must be < {slots} (num_blocks * block_size)")
+    check(slot_mapping, lambda s: s < slots, f"cache_write: slots must be < {slots} (num_blocks * block_size)")
     row = values[0].numel() * values.element_size()
     dst = as_u8(cache.view(-1)) if cache.dtype != torch.uint8 else cache.view(-1)
     src = values.contiguous().view(-1)

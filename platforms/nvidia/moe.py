@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from shuili.platforms.nvidia.common import check, desc_key, key_ids, tree_sum
+from shuili.platforms.nvidia.common import check, desc_key, in_range, key_ids, tree_sum
 
 SCORINGS = ("sqrtsoftplus", "softmax", "sigmoid")
 
@@ -42,7 +42,7 @@ def moe_route_topk(logits, bias, topk, scoring, renormalize, scaling):
 def moe_route_hash(logits, token_ids, tid2eid, scoring, renormalize, scaling):
     tok = token_ids.to(torch.int64)
     e = logits.shape[1]
-    check((tok >= 0) & (tok < tid2eid.shape[0]), f"token ids must lie in [0, {tid2eid.shape[0]})")
+    check(tok, in_range(0, tid2eid.shape[0]), f"token ids must lie in [0, {tid2eid.shape[0]})")
     ids = tid2eid.to(torch.int64)[tok]
-    check((ids >= 0) & (ids < e), f"tid2eid holds expert ids outside [0, {e})")
+    check(ids, in_range(0, e), f"tid2eid holds expert ids outside [0, {e})")
     return _finish(_score(logits, scoring), ids, renormalize, scaling)

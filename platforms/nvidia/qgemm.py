@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from shuili.hal.types import Weight
-from shuili.platforms.nvidia.common import as_u8, cdiv, check, interpreting, pow2
+from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting, pow2
 from shuili.platforms.nvidia.moe_prep import moe_prep
 from shuili.platforms.nvidia.quant import e4m3_to_f32, e8m0_to_f32
 
@@ -337,7 +337,7 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     if t == 0 or d == 0:
         return out.zero_()
     flat = topk_ids.reshape(-1).to(torch.int64)
-    check((flat >= 0) & (flat < e), f"moe_experts: topk_ids must lie in [0, {e})")
+    check(flat, in_range(0, e), f"moe_experts: topk_ids must lie in [0, {e})")
     bm = group_bm(t * k, e, batch_invariant)
     order, _, tiles = moe_prep(flat, e, bm)
     inter = w13.shape[1] // 2

@@ -79,6 +79,18 @@ def test_checkpoint_shards_equal_slices_of_the_whole_model(checkpoint, tp, rank,
         assert got["layers.0.attn.wq_b.weight"].shape[0] == cfg.num_attention_heads * cfg.head_dim // tp
 
 
+def test_sharded_load_refuses_tid2eid_outside_the_experts(tmp_path):
+    from shuili.core.models.deepseek_v4_loader import random_params, released_tensors, save_checkpoint
+    from shuili.core.parallel.sharding import ShardPlan, load_sharded
+
+    cfg = named("tiny-v4", num_nextn_predict_layers=0)
+    tensors = released_tensors(cfg, random_params(cfg, seed=3, with_mtp=False))
+    tensors["layers.0.ffn.gate.tid2eid"][5, 0] = cfg.n_routed_experts  # a captured step would not see it
+    save_checkpoint(str(tmp_path), cfg, tensors)
+    with pytest.raises(ValueError, match=r"'layers.0.ffn.gate.tid2eid' has expert ids outside \[0, 8\)"):
+        load_sharded(str(tmp_path), ShardPlan(cfg, 2, 0))
+
+
 # ------------------------------------------------------------------------------- collectives
 def _collective_rank(rank: int, port: int, q) -> None:
     import torch.distributed as dist
