@@ -121,6 +121,7 @@ z = norm.add_rms_norm(x, x.flip(0), None, 1e-6)[0]
 q, kc, vc, table, lens, qsl = native._attention_case(g, [9, 1, 23, 6], [1, 1, 5, 0], 4, 2, 12, 7, 4)
 native._attention_edges(q, kc, vc, table)
 a = attention.paged_attention(q, kc, vc, table, lens, qsl, 0.3, 3, torch.randn(4, generator=g))
+a = a.masked_fill(a.isnan(), float("nan"))  # one nan: payloads are not part of the contract
 print(json.dumps({"status": native.status(), "bits": [t.view(torch.int32).tolist() for t in (y, z, a)]}))
 """
 
