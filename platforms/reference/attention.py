@@ -16,6 +16,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from shuili.hal import numerics
+from shuili.platforms.reference import native
 
 
 def _gqa_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -193,7 +194,45 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal (optionally sliding-window) attention: query at position p reads kv positions
     max(0, p - window + 1) .. p in increasing order; logits q K^T * scale (`numerics.dot`), softmax
-    as in the module doc, output p V (`numerics.dot_pv`).
+    as in the module doc, output p V (`numerics.dot_pv`). Runs `native.paged_attention` (one
+    compiled loop, the bits of `paged_attention_torch`) on contiguous float32 caches where it builds.
+    """
+    _check_shapes(q, k_cache, v_cache)
+    if not (native.enabled("attention") and k_cache.dtype == v_cache.dtype == torch.float32
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and q.shape[0] and q.shape[2]
+            and v_cache.shape[3]):
+        return paged_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                     window, sinks)
+    args = _native_args(block_tables, seq_lens, query_start_loc, q.shape[0], k_cache.shape[1])
+    return native.paged_attention(q, k_cache, v_cache, *args, scale, window, sinks).to(q.dtype)
+
+
+_NATIVE_ARGS: dict[tuple, tuple] = {}  # (T, block size) -> (copies of the inputs, int64 forms)
+
+
+def _native_args(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                 t: int, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(block_tables, seq_lens, query_start_loc) checked and as contiguous int64, reused while equal in
+    value to the last call's (every layer of a step), as `_plan` is."""
+    key = (t, bs)
+    args = (block_tables, seq_lens, query_start_loc)
+    hit = _NATIVE_ARGS.get(key)
+    if hit is not None and all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+                               for a, b in zip(hit[0], args)):
+        return hit[1]
+    _check_lens(t, bs, block_tables, seq_lens, query_start_loc)
+    forms = tuple(a.to(torch.int64).contiguous() for a in args)
+    if len(_NATIVE_ARGS) >= _MAX_PLANS:
+        _NATIVE_ARGS.clear()
+    _NATIVE_ARGS[key] = (tuple(a.clone() for a in args), forms)
+    return forms
+
+
+def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                          query_start_loc: torch.Tensor, scale: float, window: int = 0,
+                          sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """`paged_attention` in torch ops (the oracle's form; the compiled loop is held to its bits).
 
     Sequences are attended together, decode rows (one query) in one batch and longer query runs in
     another (so a prefill's query padding does not multiply the decode rows' work), keys and

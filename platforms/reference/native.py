@@ -1,6 +1,7 @@
 """The reference platform's compiled loops, built on first use, loaded with ctypes: the GEMM
-(`native/fixed_gemm.c`) and the row ops add_rms_norm, swiglu, log_softmax (`native/rowops.c`, which
-repeat numerics' IEEE operations in order; see its header).
+(`native/fixed_gemm.c`), the row ops add_rms_norm, swiglu, log_softmax (`native/rowops.c`) and
+paged attention (`native/attention.c`); the last two repeat numerics' IEEE operations in order (see
+their headers).
 
 Why a compiled GEMM and why its bits are still the oracle's: `numerics.dot_bits` keeps every
 partial sum of the fixed-point products an integer below 2**53, so any summation order gives the
@@ -16,7 +17,7 @@ CPU's feature flags, written atomically, so concurrent processes and hosts shari
 do not clash. At load the kernel is checked bit for bit against the torch path on a small case with
 edge values, each row op against its torch form; a host without a compiler, a failed build or a
 failed check falls back to the torch forms (same bits, slower) with one warning.
-SHUILI_REFERENCE_NATIVE=0 turns both libraries off.
+SHUILI_REFERENCE_NATIVE=0 turns all three libraries off.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ _DIR = Path(__file__).with_name("native")
 # coefficient count) unrolls, which a count known only at run time would not.
 _LIBS = {"gemm": ("fixed_gemm.c", []),
          "rowops": ("rowops.c", ["-ffp-contract=off", "-fno-trapping-math", "-fno-math-errno",
-                                 f"-DEXP_N={len(numerics._EXP_COEFFS)}"])}
+                                 f"-DEXP_N={len(numerics._EXP_COEFFS)}"]),
+         "attention": ("attention.c", ["-ffp-contract=off"])}
 MAX_BITS = 24  # float32 holds every integer grid value |q| <= 2**24 exactly
 _MAX_GRID = float(1 << MAX_BITS)
 _lock = threading.Lock()
@@ -54,7 +56,7 @@ _state: dict = {}
 
 
 def enabled(name: str = "gemm") -> bool:
-    """True when the compiled library `name` ("gemm" or "rowops") is built, loaded and has passed
+    """True when the compiled library `name` ("gemm", "rowops" or "attention") is built, loaded and has passed
     its bit check."""
     return _library(name) is not None
 
@@ -351,5 +353,111 @@ def _check_rowops(lib) -> None:
         _state.pop("rowops")
 
 
-_SIGNATURES = {"gemm": _gemm_signature, "rowops": _rowops_signature}
-_CHECKS = {"gemm": _check_gemm, "rowops": _check_rowops}
+def _attention_signature(lib) -> None:
+
+    p, i64, d = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+    lib.shuili_paged_attention.argtypes = [p, p, p, i64, p, i64, p, p, i64, i64, i64, i64, i64, i64, i64,
+                                           ctypes.c_int, ctypes.c_int, ctypes.c_float, p, p, ctypes.c_int]
+    lib.shuili_paged_attention.restype = ctypes.c_int
+    lib.shuili_attention_init.argtypes = [p, ctypes.c_int, d, d, d]
+    lib.shuili_attention_init.restype = ctypes.c_int
+    exp_c = (d * len(numerics._EXP_COEFFS))(*numerics._EXP_COEFFS)
+    if lib.shuili_attention_init(ctypes.addressof(exp_c), len(exp_c), numerics._LN2_HI, numerics._LN2_LO,
+                                 numerics._INV_LN2):
+        raise RuntimeError(f"attention.c's N_EXP does not match numerics' {len(exp_c)} exp coefficients")
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                    lens: torch.Tensor, qsl: torch.Tensor, scale: float, window: int,
+                    sinks: torch.Tensor | None, threads: int | None = None) -> torch.Tensor:
+    """float32 [T, H, Dv]: attention.paged_attention_torch's bits for float32 q [T, H, D] and
+    contiguous float32 caches [blocks, block_size, KVH, D | Dv]; table [B, cols], lens [B], qsl [B + 1]
+    int64 contiguous, already checked (attention._check_lens)."""
+
+    lib = _need("attention")
+    t, h, d = q.shape
+    nb, bs, kvh, dv = v_cache.shape
+    qf = _f32(q)
+    sk = _f32(sinks) if sinks is not None else None
+    out = torch.empty(t, h, dv, dtype=torch.float32)
+    if t == 0:
+        return out
+    nt = torch.get_num_threads() if threads is None else threads
+    if t * h * d * int(lens.max()) < (1 << 15):  # a few thousand multiply-adds: not worth a thread start
+        nt = 1
+    pa, pb = numerics.dot_bits(d)
+    r = lib.shuili_paged_attention(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), nb * bs,
+                                   table.data_ptr(), table.shape[1], lens.data_ptr(), qsl.data_ptr(),
+                                   lens.shape[0], h, kvh, d, dv, bs, window, pa, pb, scale,
+                                   sk.data_ptr() if sk is not None else None, out.data_ptr(), nt)
+    if r == -1:
+        raise MemoryError("paged_attention: out of memory for the key grids")
+    if r:
+        raise ValueError("paged_attention: a block table entry points outside the cache")
+    return out
+
+
+def _attention_case(g: torch.Generator, lens: list[int], q_lens: list[int], h: int, kvh: int, d: int,
+                    dv: int, bs: int) -> tuple:
+    """A ragged paged_attention call: shuffled blocks, key rows of magnitudes 2**-6 .. 2**2 (logits
+    that spread the softmax), value rows of 2**-60 .. 2**60, queries of the last q_lens positions of
+    each sequence."""
+
+    cols = max(-(-n // bs) for n in lens) + 1
+    nb = len(lens) * cols + 1
+    kc = torch.randn(nb, bs, kvh, d, generator=g) * numerics.pow2(
+        torch.randint(-6, 3, (nb, bs, kvh, 1), generator=g)).to(torch.float32)
+    vc = torch.randn(nb, bs, kvh, dv, generator=g) * numerics.pow2(
+        torch.randint(-60, 61, (nb, bs, kvh, 1), generator=g)).to(torch.float32)
+    table = torch.randperm(nb, generator=g)[:len(lens) * cols].view(len(lens), cols).to(torch.int32)
+    q = torch.randn(sum(q_lens), h, d, generator=g) * 4
+    qsl = torch.tensor([0] + torch.cumsum(torch.tensor(q_lens), 0).tolist(), dtype=torch.int32)
+    return q, kc, vc, table, torch.tensor(lens, dtype=torch.int32), qsl
+
+
+def _at(cache: torch.Tensor, table: torch.Tensor, b: int, j: int) -> torch.Tensor:
+    """Sequence b's token j in a cache [blocks, block_size, KVH, D]: a view [KVH, D]."""
+    bs = cache.shape[1]
+    return cache[int(table[b, j // bs]), j % bs]
+
+
+def _attention_edges(q, kc, vc, table) -> None:
+    """Edge values for `_attention_case(g, [9, 1, 23, 6], [1, 1, 5, 0], ...)`, in place: non-finite
+    keys and values inside and outside windows of 3 and in a prefill's future, zero, subnormal and
+    huge rows, a nan and an inf query."""
+    _at(kc, table, 0, 3)[0, 0] = float("inf")  # outside a window of 3
+    _at(vc, table, 0, 7)[1, 1] = float("nan")  # inside it
+    _at(kc, table, 0, 5)[:] = -0.0
+    _at(vc, table, 0, 6)[:] = 1e-40
+    _at(vc, table, 2, 21)[0, 2] = float("inf")  # the future of the prefill's first queries
+    _at(vc, table, 2, 2)[1, 0] = float("nan")  # before the prefill's windows of 3
+    _at(kc, table, 2, 20)[1] = 3e38
+    _at(kc, table, 2, 19)[0] = 1e-44
+    q[0, 1, 3] = float("nan")
+    q[2, 0, 0] = float("inf")
+
+
+def _check_attention(lib) -> None:
+    """paged_attention against its torch form, bit for bit: ragged decode and prefill sequences, GQA,
+    a window and sinks, edge values in q and the caches, one and two threads."""
+    from shuili.platforms.reference import attention
+
+    _state["attention"] = lib  # the wrapper looks it up
+    try:
+        g = torch.Generator().manual_seed(17)
+        q, kc, vc, table, lens, qsl = _attention_case(g, [9, 1, 23, 6], [1, 1, 5, 0], 4, 2, 12, 7, 4)
+        _attention_edges(q, kc, vc, table)
+        sinks = torch.randn(4, generator=g)
+        for window, sk, threads in ((0, None, 1), (3, sinks, 2), (0, sinks, 2)):
+            want = attention.paged_attention_torch(q, kc, vc, table, lens, qsl, 0.3, window, sk)
+            args = attention._native_args(table, lens, qsl, q.shape[0], kc.shape[1])
+            got = paged_attention(q, kc, vc, *args, 0.3, window, sk, threads)
+            if not _same(got, want):
+                raise RuntimeError(f"the native paged_attention disagrees with its torch form's bits (window "
+                                   f"{window}, {threads} thread(s)); please report this with your compiler and CPU")
+    finally:
+        _state.pop("attention")
+
+
+_SIGNATURES = {"gemm": _gemm_signature, "rowops": _rowops_signature, "attention": _attention_signature}
+_CHECKS = {"gemm": _check_gemm, "rowops": _check_rowops, "attention": _check_attention}

@@ -1,6 +1,8 @@
 """paged_attention reuses its index plan while the block tables, lengths and query layout are
 equal in value to an earlier call's (every layer of a step); a change to any of them, in place or
-in a new tensor, must give the freshly planned answer."""
+in a new tensor, must give the freshly planned answer. The compiled form caches its checked int64
+block tables and lengths the same way; both forms are run."""
+import pytest
 import torch
 
 from shuili.platforms.reference import attention
@@ -18,9 +20,13 @@ def _setup(gen, lens, q_lens, bs=4, h=6, kvh=2, d=8):
     return q, kc, vc, table, torch.tensor(lens, dtype=torch.int32), qsl
 
 
-def _fresh(*args, **kw):
+_FORMS = [attention.paged_attention, attention.paged_attention_torch]
+
+
+def _fresh(*args, form=attention.paged_attention_torch, **kw):
     attention._PLANS.clear()
-    return attention.paged_attention(*args, **kw)
+    attention._NATIVE_ARGS.clear()
+    return form(*args, **kw)
 
 
 def _bits(x):
@@ -37,26 +43,28 @@ def test_plan_is_shared_by_equal_inputs(gen):
     assert c is not a
 
 
-def test_changed_tables_and_lengths_are_replanned(gen):
+@pytest.mark.parametrize("form", _FORMS)
+def test_changed_tables_and_lengths_are_replanned(gen, form):
     for q_lens, window in (([1, 1, 1], 0), ([1, 1, 1], 3), ([3, 1, 2], 0), ([3, 1, 2], 3)):
         q, kc, vc, table, lens, qsl = _setup(gen, [9, 5, 12], q_lens)
-        first = attention.paged_attention(q, kc, vc, table, lens, qsl, 0.5, window)
+        first = form(q, kc, vc, table, lens, qsl, 0.5, window)
         assert torch.equal(_bits(first), _bits(_fresh(q, kc, vc, table, lens, qsl, 0.5, window)))
-        attention.paged_attention(q, kc, vc, table, lens, qsl, 0.5, window)  # the plan is cached
+        form(q, kc, vc, table, lens, qsl, 0.5, window)  # the plan is cached
         table[0] = table[0].roll(1)  # in place: sequence 0 now reads other blocks
-        moved = attention.paged_attention(q, kc, vc, table, lens, qsl, 0.5, window)
+        moved = form(q, kc, vc, table, lens, qsl, 0.5, window)
         assert not torch.equal(moved[:q_lens[0]], first[:q_lens[0]])  # the change matters
         assert torch.equal(_bits(moved), _bits(_fresh(q, kc, vc, table, lens, qsl, 0.5, window)))
-        attention.paged_attention(q, kc, vc, table, lens, qsl, 0.5, window)
+        form(q, kc, vc, table, lens, qsl, 0.5, window)
         lens[2] -= 1  # in place: one key fewer
-        shorter = attention.paged_attention(q, kc, vc, table, lens, qsl, 0.5, window)
+        shorter = form(q, kc, vc, table, lens, qsl, 0.5, window)
         assert torch.equal(_bits(shorter), _bits(_fresh(q, kc, vc, table, lens, qsl, 0.5, window)))
 
 
-def test_decode_rows_equal_one_sequence_calls(gen):
+@pytest.mark.parametrize("form", _FORMS)
+def test_decode_rows_equal_one_sequence_calls(gen, form):
     q, kc, vc, table, lens, qsl = _setup(gen, [9, 5, 12, 1], [1, 1, 1, 1])
-    both = attention.paged_attention(q, kc, vc, table, lens, qsl, 0.5, 3)
+    both = form(q, kc, vc, table, lens, qsl, 0.5, 3)
     for b in range(4):
         one = _fresh(q[b:b + 1], kc, vc, table[b:b + 1], lens[b:b + 1],
-                     torch.tensor([0, 1], dtype=torch.int32), 0.5, 3)
+                     torch.tensor([0, 1], dtype=torch.int32), 0.5, 3, form=form)
         assert torch.equal(_bits(one[0]), _bits(both[b]))

@@ -1,11 +1,13 @@
 """The reference platform's compiled loops (platforms/reference/native.py) give the torch forms' bits.
 
-The GEMM is exact by construction (every partial sum is an integer below 2**53), the row ops
-repeat numerics' IEEE operations one by one; these tests hold both to the torch forms, bit for bit,
-on ragged shapes, edge values and several thread counts, and check the fallbacks: a host without a
-working compiler or with SHUILI_REFERENCE_NATIVE=0 runs the torch forms, with the same bits."""
+The GEMM is exact by construction (every partial sum is an integer below 2**53), the row ops and
+paged attention repeat numerics' IEEE operations one by one; these tests hold all three to the
+torch forms, bit for bit, on ragged shapes, edge values and several thread counts, and check the
+fallbacks: a host without a working compiler or with SHUILI_REFERENCE_NATIVE=0 runs the torch
+forms, with the same bits."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -15,9 +17,9 @@ import pytest
 import torch
 
 from shuili.hal import numerics
-from shuili.platforms.reference import elementwise, native, norm, sampling
+from shuili.platforms.reference import attention, elementwise, native, norm, sampling
 
-pytestmark = pytest.mark.skipif(not native.enabled("gemm") or not native.enabled("rowops"),
+pytestmark = pytest.mark.skipif(not all(native.enabled(name) for name in native._LIBS),
                                 reason=f"no C compiler on this host: {native.status()}")
 
 
@@ -121,13 +123,17 @@ def test_log_softmax_bits():
 
 _PROBE = """
 import json, torch
-from shuili.platforms.reference import native, gemm, norm
+from shuili.platforms.reference import attention, native, gemm, norm
 from shuili.hal.types import Weight
 g = torch.Generator().manual_seed(1)
 x, w = torch.randn(5, 96, generator=g), Weight.dense(torch.randn(40, 96, generator=g))
 y = gemm.linear(x, w)
 z = norm.add_rms_norm(x, x.flip(0), None, 1e-6)[0]
-print(json.dumps({"status": native.status(), "bits": [y.view(torch.int32).tolist(), z.view(torch.int32).tolist()]}))
+q, kc, vc, table, lens, qsl = native._attention_case(g, [9, 1, 23, 6], [1, 1, 5, 0], 4, 2, 12, 7, 4)
+native._attention_edges(q, kc, vc, table)
+a = attention.paged_attention(q, kc, vc, table, lens, qsl, 0.3, 3, torch.randn(4, generator=g))
+a = a.masked_fill(a.isnan(), float("nan"))  # one nan: payloads are not part of the contract
+print(json.dumps({"status": native.status(), "bits": [t.view(torch.int32).tolist() for t in (y, z, a)]}))
 """
 
 
@@ -140,10 +146,112 @@ def _probe(tmp_path, **env) -> dict:
 
 def test_fallbacks_give_the_same_bits(tmp_path):
     built = _probe(tmp_path)
-    assert built["status"].count("native (") == 2, built["status"]
+    assert built["status"].count("native (") == 3, built["status"]
     off = _probe(tmp_path, SHUILI_REFERENCE_NATIVE="0")
-    assert off["status"].count("torch (SHUILI_REFERENCE_NATIVE=0)") == 2
+    assert off["status"].count("torch (SHUILI_REFERENCE_NATIVE=0)") == 3
     broken = _probe(tmp_path, CC="false")  # a compiler that always fails: warned, then torch
-    assert broken["status"].count("torch (building") == 2, broken["status"]
+    assert broken["status"].count("torch (building") == 3, broken["status"]
     assert "SHUILI_REFERENCE_NATIVE=0 to silence" in broken["stderr"]
     assert built["bits"] == off["bits"] == broken["bits"]
+
+
+# ------------------------------------------------------------------------------- paged attention
+def _specials(g, *tensors, count=3):
+    """Each tensor gets `count` values from the edge set at random places, in place."""
+    pool = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-45, 1e-40, 3e38, -3e38]
+    for t in tensors:
+        flat = t.view(-1)
+        for i in torch.randint(0, flat.numel(), (count,), generator=g).tolist():
+            flat[i] = pool[int(torch.randint(0, len(pool), (1,), generator=g))]
+
+
+def _attend_both(args, scale, window, sinks, threads):
+    q, kc, vc, table, lens, qsl = args
+    want = attention.paged_attention_torch(q, kc, vc, table, lens, qsl, scale, window, sinks)
+    forms = attention._native_args(table, lens, qsl, q.shape[0], kc.shape[1])
+    return native.paged_attention(q, kc, vc, *forms, scale, window, sinks, threads), want
+
+
+# (lens, q_lens, H, KVH, D, Dv, block size): decode, prefill, chunked prefill and idle sequences mixed
+_SHAPES = [([9, 1, 23, 6], [1, 1, 5, 0], 4, 2, 12, 7, 4),
+           ([48] * 5, [1] * 5, 9, 3, 64, 64, 16),
+           ([37, 70, 2], [37, 19, 2], 6, 1, 64, 64, 16),
+           ([1], [1], 2, 2, 1, 1, 1),
+           ([130, 5], [40, 1], 8, 2, 8, 33, 3)]
+
+
+@pytest.mark.parametrize("shape", range(len(_SHAPES)))
+@pytest.mark.parametrize("window,with_sinks", [(0, False), (0, True), (1, False), (3, True), (50, False)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_paged_attention_bits(shape, window, with_sinks, threads):
+    lens, q_lens, h, kvh, d, dv, bs = _SHAPES[shape]
+    g = torch.Generator().manual_seed(100 * shape + window + with_sinks)
+    args = native._attention_case(g, lens, q_lens, h, kvh, d, dv, bs)
+    if shape == 0:
+        native._attention_edges(*args[:4])
+    else:
+        _specials(g, *args[:3])
+    sinks = torch.randn(h, generator=g) * 4 if with_sinks else None
+    got, want = _attend_both(args, 0.125, window, sinks, threads)
+    assert native._same(got, want)
+
+
+@pytest.mark.parametrize("magnitude", [-100, -30, 10, 40])
+def test_paged_attention_bits_at_extreme_magnitudes(magnitude):
+    """Logits from tiny (uniform softmax, subnormal grids) to huge (one-hot, overflowing exps)."""
+    g = torch.Generator().manual_seed(magnitude + 1000)
+    q, kc, vc, table, lens, qsl = native._attention_case(g, [21, 8, 3], [4, 1, 3], 6, 3, 16, 16, 4)
+    kc *= 2.0 ** magnitude
+    vc[:, ::2] *= 2.0 ** -magnitude
+    for window, sinks in ((0, None), (5, torch.full((6,), 2.0 ** magnitude))):
+        got, want = _attend_both((q, kc, vc, table, lens, qsl), 0.7, window, sinks, 2)
+        assert native._same(got, want)
+
+
+def test_paged_attention_dispatch():
+    """attention.paged_attention runs the compiled loop on float32 caches (any q dtype) and the torch
+    form otherwise; either way the torch form's bits."""
+    g = torch.Generator().manual_seed(4)
+    q, kc, vc, table, lens, qsl = native._attention_case(g, [9, 1, 23, 6], [1, 1, 5, 0], 4, 2, 12, 7, 4)
+    for qq, k, v in ((q, kc, vc), (q.double(), kc, vc), (q.bfloat16(), kc, vc),
+                     (q, kc.bfloat16(), vc.bfloat16())):
+        got = attention.paged_attention(qq, k, v, table, lens, qsl, 0.25, 2, None)
+        want = attention.paged_attention_torch(qq, k, v, table, lens, qsl, 0.25, 2, None)
+        assert got.dtype == want.dtype == qq.dtype
+        assert native._same(got.float(), want.float())
+
+
+def test_paged_attention_refuses_blocks_outside_the_cache():
+    g = torch.Generator().manual_seed(5)
+    q, kc, vc, table, lens, qsl = native._attention_case(g, [9, 4], [1, 1], 4, 2, 12, 12, 4)
+    table[1, 0] = kc.shape[0]
+    with pytest.raises(ValueError, match="outside the cache"):
+        attention.paged_attention(q, kc, vc, table, lens, qsl, 0.25)
+
+
+def _perturbed_library(tmp_path, old: str, new: str):
+    src = (native._DIR / "attention.c").read_text()
+    assert src.count(old) == 1
+    path = tmp_path / "attention.c"
+    path.write_text(src.replace(old, new))
+    native._build(native._compiler(), path, native._LIBS["attention"][1], native._torch_openmp(),
+                  tmp_path / "attention.so")
+    lib = ctypes.CDLL(str(tmp_path / "attention.so"))
+    native._attention_signature(lib)
+    return lib
+
+
+@pytest.mark.parametrize("old,new", [
+    # a straight sum instead of numerics.tree_sum's pairwise tree
+    ("float denom = tree_sum(s->e, cnt, s->buf);",
+     "float denom = 0.0f; for (int64_t j = 0; j < cnt; ++j) denom += s->e[j];"),
+    # no nan where the torch form multiplies p = 0 with a non-finite value of the shared range
+    ("o[x] = s->poison[x] ? NAN : (float)(t1 + t2);", "o[x] = (float)(t1 + t2);"),
+    # the logits' scale applied in float64, rounded once
+    ("s->lg[j] = (float)(((acc[j] + 0.0) * sa) * s->sbk[off + j]) * a->scale;",
+     "s->lg[j] = (float)(((acc[j] + 0.0) * sa) * s->sbk[off + j] * a->scale);"),
+])
+def test_attention_check_catches_a_wrong_kernel(tmp_path, old, new):
+    """Negative control of the load-time check: kernels one IEEE detail away are refused."""
+    with pytest.raises(RuntimeError, match="disagrees"):
+        native._check_attention(_perturbed_library(tmp_path, old, new))

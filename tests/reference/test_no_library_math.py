@@ -24,6 +24,10 @@ ALLOWED = {("hal/numerics.py", "sqrt64", "sqrt"),  # a first guess, corrected to
            # the load-time bit checks' random inputs, and the compiled loop that repeats numerics' ops
            ("platforms/reference/native.py", "_edge_values", "randn"),
            ("platforms/reference/native.py", "_check_rowops", "randn"),
+           # the attention check's inputs: both forms see the same ones, whatever their bits
+           ("platforms/reference/native.py", "_attention_case", "randn"),
+           ("platforms/reference/native.py", "_attention_case", "cumsum"),
+           ("platforms/reference/native.py", "_check_attention", "randn"),
            ("platforms/reference/sampling.py", "log_softmax", "log_softmax"),
            # a 1-D float64 prefix sum: torch adds it serially, in index order (IEEE adds)
            ("platforms/reference/sampling.py", "_keep_mask", "cumsum")}
