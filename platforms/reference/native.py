@@ -48,7 +48,7 @@ _DIR = Path(__file__).with_name("native")
 _LIBS = {"gemm": ("fixed_gemm.c", []),
          "rowops": ("rowops.c", ["-ffp-contract=off", "-fno-trapping-math", "-fno-math-errno",
                                  f"-DEXP_N={len(numerics._EXP_COEFFS)}"]),
-         "attention": ("attention.c", ["-ffp-contract=off"])}
+         "attention": ("attention.c", ["-ffp-contract=off", f"-DEXP_N={len(numerics._EXP_COEFFS)}"])}
 MAX_BITS = 24  # float32 holds every integer grid value |q| <= 2**24 exactly
 _MAX_GRID = float(1 << MAX_BITS)
 _lock = threading.Lock()

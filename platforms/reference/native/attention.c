@@ -33,7 +33,10 @@
 #define QB 16 /* queries of one sequence per work item: a long prefill still splits over threads,
                  and each item's key grids (O(keys * D)) cost little beside its dots */
 
-#define N_EXP 14 /* numerics._EXP_COEFFS: fixed here, so the Horner loop unrolls and exps vectorise */
+#ifndef EXP_N
+#error "EXP_N (numerics' exp coefficient count) is set by native.py"
+#endif
+#define N_EXP EXP_N /* a build constant, so the Horner loop unrolls and exps vectorise */
 static double EXP_C[N_EXP], LN2_HI, LN2_LO, INV_LN2;
 
 /* Returns 0, or -1 when numerics has another number of coefficients than N_EXP (then the load
