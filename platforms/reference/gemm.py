@@ -78,6 +78,8 @@ def fixed_linear(x: torch.Tensor, fw: FixedWeight, expert: int | None = None) ->
     the bits of `numerics.fixed_matmul`."""
     pick = (lambda t: t) if expert is None else (lambda t: t[expert])
     pa = numerics.dot_bits(x.shape[-1])[0]
+    if fw.panels is not None and x.shape[1]:  # the grids are built inside the compiled call
+        return native.linear(x, pa, pick(fw.panels), pick(fw.scale), fw.n)
     if 0 < x.shape[0] <= _HOST_SCALE_ROWS and x.shape[1]:
         sx, sa = _row_scales(x, pa)
         qa = numerics._widen_mul(x, sx).round_()

@@ -105,6 +105,29 @@ def gemm(qa: torch.Tensor, sa: torch.Tensor, panels: torch.Tensor, sb: torch.Ten
     return out
 
 
+def linear(x: torch.Tensor, pa: int, panels: torch.Tensor, sb: torch.Tensor, n: int,
+           threads: int | None = None) -> torch.Tensor:
+    """float32 x [M, K] -> float32 [M, N]: x's rows on their `numerics.to_fixed(x, pa)` grids times
+    `pack(q)`'s panels, scaled by sb [1, N] as `gemm`: the bits of to_fixed then scaled_matmul, with
+    the grids built in the same call."""
+    lib = _need("gemm")
+    m, k = x.shape
+    if panels.shape != (-(-n // NR), k, NR) or panels.dtype != torch.float32 or not panels.is_contiguous():
+        raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not pack an [{n}, {k}] weight")
+    if x.dtype != torch.float32:
+        raise ValueError(f"native.linear takes float32 activations, got {x.dtype}")
+    x = x.contiguous()
+    sb = sb.to(torch.float64).reshape(n).contiguous()
+    out = torch.empty(m, n, dtype=torch.float32)
+    if m and n:
+        nt = torch.get_num_threads() if threads is None else threads
+        if m * n * k < (1 << 20):  # below ~1M multiply-adds a thread start costs more than it saves
+            nt = 1
+        if lib.shuili_fixed_linear(x.data_ptr(), m, k, pa, panels.data_ptr(), sb.data_ptr(), n, out.data_ptr(), nt):
+            raise MemoryError(f"native.linear: no memory for the [{m}, {k}] float64 activation grid")
+    return out
+
+
 def _need(name: str):
     lib = _library(name)
     if lib is None:
@@ -180,6 +203,9 @@ def _gemm_signature(lib) -> None:
     p = ctypes.c_void_p
     lib.shuili_fixed_gemm.argtypes = [p, p, ctypes.c_int64, ctypes.c_int64, p, p, ctypes.c_int64, p, ctypes.c_int]
     lib.shuili_fixed_gemm.restype = None
+    lib.shuili_fixed_linear.argtypes = [p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, p, p, ctypes.c_int64, p,
+                                        ctypes.c_int]
+    lib.shuili_fixed_linear.restype = ctypes.c_int
 
 
 def _rowops_signature(lib) -> None:
@@ -221,7 +247,7 @@ def _build(cc: str, src: Path, extra: list[str], omp: list[str], out: Path) -> N
         errors = []
         # some compilers (and ARM gcc) refuse -march=native; clang may lack OpenMP: pthreads then
         for flags in (["-march=native", "-fopenmp", *omp], ["-fopenmp", *omp], ["-march=native"], []):
-            cmd = [cc, "-O3", "-fPIC", "-shared", "-pthread", "-fno-fast-math", *extra, *flags, str(src), "-o", tmp]
+            cmd = [cc, "-O3", "-fPIC", "-shared", "-pthread", "-fno-fast-math", *extra, *flags, str(src), "-o", tmp, "-lm"]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if r.returncode == 0:
                 os.replace(tmp, out)  # atomic: a concurrent builder's file is equally good
@@ -259,6 +285,35 @@ def _check_gemm(lib) -> None:
         if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
             raise RuntimeError("the native fixed-point GEMM disagrees with the torch path's bits "
                                f"({threads} thread(s)); please report this with your compiler and CPU")
+    x = _linear_check_rows(g, m, k, pa)
+    qx, ex = numerics.to_fixed(x, pa)
+    want = numerics.scaled_matmul(qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb)
+    for threads in (1, 2):
+        got = torch.empty(m, n, dtype=torch.float32)
+        lib.shuili_fixed_linear(x.data_ptr(), m, k, pa, panels.data_ptr(), sb.contiguous().data_ptr(), n,
+                                got.data_ptr(), threads)
+        if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+            raise RuntimeError("the native fixed-point linear disagrees with numerics.to_fixed and the torch "
+                               f"path's bits ({threads} thread(s)); please report this with your compiler and CPU")
+
+
+def _linear_check_rows(g: torch.Generator, m: int, k: int, pa: int) -> torch.Tensor:
+    """float32 [m, k] activations with every case of the row grid: zero rows of both signs, a NaN,
+    an infinity, subnormal-only and near-overflow rows, exact .5 ties of the rounding, and signed
+    zeros inside a row."""
+    x = torch.randn(m, k, generator=g) * numerics.pow2(torch.randint(-30, 30, (m, 1), generator=g)).float()
+    x[0] = 0.0
+    x[1] = -0.0
+    x[2, 3] = float("nan")
+    x[3, 4] = float("-inf")
+    x[4] = torch.randint(-7, 8, (k,), generator=g).float() * 2.0 ** -149
+    x[5] = torch.randn(k, generator=g) * 1e37
+    x[5, 0] = 3.4e38
+    x[6] = (2 * torch.arange(k) + 1).float() * 2.0 ** (-pa - 1)  # on the grid of e = 0: ties at .5
+    x[6, 0] = -0.75  # the row max, so e = 0
+    x[6, 1] = -x[6, 1]
+    x[7, ::3] = -0.0
+    return x.contiguous()
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:

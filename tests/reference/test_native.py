@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -54,6 +55,83 @@ def test_gemm_nonfinite_rows_match():
     want = numerics.scaled_matmul(qa, sa, qb, sb)
     got = native.gemm(qa, sa, native.pack(qb), sb, 11)
     assert native._same(got, want)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 9), (8, 9, 37), (16, 960, 576), (13, 37, 1536), (70, 17, 300)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_linear_bits_equal_to_fixed_then_scaled_matmul(m, n, k, threads):
+    """The compiled linear builds the activation grids itself: numerics.to_fixed's bits, every edge
+    row of the load check included (zero, NaN, inf, subnormal, near-overflow rows, .5 ties)."""
+    g = torch.Generator().manual_seed(m * 7 + n + k)
+    pa, pb = numerics.dot_bits(k)
+    x = native._linear_check_rows(g, max(m, 8), k, pa)[:m].contiguous() if k > 7 else torch.randn(m, k, generator=g)
+    qb = torch.randint(-(1 << pb), (1 << pb) + 1, (n, k), generator=g).to(torch.float64)
+    sb = numerics.pow2(torch.randint(-100, 900, (1, n), generator=g))
+    qx, ex = numerics.to_fixed(x, pa)
+    want = numerics.scaled_matmul(qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb)
+    got = native.linear(x, pa, native.pack(qb), sb, n, threads=threads)
+    assert native._same(got, want)
+
+
+def test_reference_linear_uses_the_compiled_grids_with_the_same_bits(monkeypatch):
+    """gemm.linear with the compiled entry against its torch path (grids in torch, then the GEMM)."""
+    from shuili.hal.types import Weight
+    from shuili.platforms.reference import gemm
+
+    g = torch.Generator().manual_seed(5)
+    w = Weight.dense(torch.randn(40, 96, generator=g) * 0.1)
+    for m in (1, 16, 65):  # both of fixed_linear's torch grid paths: host row scales and to_fixed
+        x = native._linear_check_rows(g, m, 96, numerics.dot_bits(96)[0]) if m >= 8 else torch.randn(m, 96, generator=g)
+        calls = []
+        monkeypatch.setattr(native, "linear", lambda *a, **kw: calls.append(1) or native_linear(*a, **kw))
+        got = gemm.linear(x, w)
+        monkeypatch.undo()
+        assert calls, "gemm.linear did not take the compiled entry"
+        fw = gemm.weight_fixed(w)
+        torch_fw = gemm.FixedWeight(numerics.to_fixed(gemm.weight_f32(w), fw.pb)[0], fw.e, fw.pb, fw.scale, None, fw.n)
+        assert native._same(got, gemm.fixed_linear(x, torch_fw))
+
+
+native_linear = native.linear
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 tile choice")
+def test_the_256_bit_tile_gives_the_same_bits(tmp_path):
+    """The tile an AVX2-only host builds (CI's kind) is held to the torch path on any x86 host: built
+    here with AVX-512 turned off, checked at load and on decode and prefill shapes, 1-3 threads."""
+    out = tmp_path / "fixed_gemm_avx2.so"
+    native._build(native._compiler(), native._DIR / "fixed_gemm.c", ["-mno-avx512f"], native._torch_openmp(), out)
+    lib = ctypes.CDLL(str(out))
+    native._gemm_signature(lib)
+    native._check_gemm(lib)
+    g = torch.Generator().manual_seed(11)
+    for m, n, k in ((16, 960, 576), (13, 37, 1536), (70, 17, 300), (9, 8, 200)):
+        pa, pb = numerics.dot_bits(k)
+        x = native._linear_check_rows(g, m, k, pa)
+        qb = torch.randint(-(1 << pb), (1 << pb) + 1, (n, k), generator=g).to(torch.float64)
+        sb = numerics.pow2(torch.randint(-100, 900, (1, n), generator=g))
+        qx, ex = numerics.to_fixed(x, pa)
+        want = numerics.scaled_matmul(qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb)
+        panels = native.pack(qb)
+        for threads in (1, 2, 3):
+            got = torch.empty(m, n, dtype=torch.float32)
+            lib.shuili_fixed_linear(x.data_ptr(), m, k, pa, panels.data_ptr(), sb.contiguous().data_ptr(), n,
+                                    got.data_ptr(), threads)
+            assert native._same(got, want), (m, n, k, threads)
+
+
+def test_linear_check_catches_a_wrong_grid():
+    """Negative control: a linear entry that rounds the activations to one bit less is refused."""
+    real = native._library("gemm")
+
+    class Wrong:
+        shuili_fixed_gemm = staticmethod(real.shuili_fixed_gemm)
+
+        def shuili_fixed_linear(self, x, m, k, pa, p, sb, n, out, threads):
+            return real.shuili_fixed_linear(x, m, k, pa - 1, p, sb, n, out, threads)
+
+    with pytest.raises(RuntimeError, match="linear disagrees"):
+        native._check_gemm(Wrong())
 
 
 def test_pack_refuses_grids_float32_cannot_hold():

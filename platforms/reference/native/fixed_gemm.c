@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <math.h>
+#include <string.h>
 
 #define NR 8
 #define MR 6
@@ -201,4 +203,66 @@ void shuili_fixed_gemm(const double *a, const double *sa, int64_t m, int64_t k, 
         else run(&jobs[t]);
     }
 #endif
+}
+
+/* 2^n for n in [-1022, 1023], a normal double: exactly numerics.pow2 */
+static double pow2(int n) {
+    uint64_t b = (uint64_t)(n + 1023) << 52;
+    double d;
+    memcpy(&d, &b, 8);
+    return d;
+}
+
+/* The activation side of numerics.to_fixed for one float32 row (bits = pa): sa = 2^(e - pa) and
+   qa[k] = round-half-even((double)x[k] * 2^(pa - e)), e the row's exponent_bound (0 for an all-zero
+   or NaN-holding row, 1023 for an infinite max, else the float64 exponent field of max |x| - 1022
+   clamped to [-200, 1023]); both exponents clamped to [-1022, 1023]. The max is taken on the bit
+   patterns of |x|: for non-NaN values their unsigned order is the order of magnitudes, and NaNs lie
+   above the infinity's pattern, so one integer max (which vectorises) also finds them. */
+static void row_grid(const float *x, int64_t k, int pa, double *qa, double *sa) {
+    uint32_t top = 0;
+    for (int64_t kk = 0; kk < k; ++kk) {
+        uint32_t b;
+        memcpy(&b, x + kk, 4);
+        b &= 0x7FFFFFFFu;
+        top = b > top ? b : top;
+    }
+    int e = 0;
+    if (top == 0x7F800000u) {
+        e = 1023;
+    } else if (top != 0 && top < 0x7F800000u) {
+        float mf;
+        memcpy(&mf, &top, 4);
+        double md = (double)mf;
+        uint64_t db;
+        memcpy(&db, &md, 8);
+        e = (int)((db >> 52) & 0x7FF) - 1022;
+        if (e < -200) e = -200;
+    }
+    int up = pa - e, down = e - pa;
+    up = up < -1022 ? -1022 : (up > 1023 ? 1023 : up);
+    down = down < -1022 ? -1022 : (down > 1023 ? 1023 : down);
+    double sx = pow2(up);
+    *sa = pow2(down);
+    for (int64_t kk = 0; kk < k; ++kk) qa[kk] = nearbyint((double)x[kk] * sx);
+}
+
+/* linear's fixed-point product from the float32 activations: each row of x [m, k] goes to its grid
+   (row_grid, numerics.to_fixed's bits) and through shuili_fixed_gemm. One call per linear instead of
+   the ~10 torch ops and two host transfers that built the grids. Returns 1 when out of memory. */
+int shuili_fixed_linear(const float *x, int64_t m, int64_t k, int pa, const float *p, const double *sb,
+                        int64_t n, float *out, int threads) {
+    size_t bytes = ((size_t)(m * k) * 8 + 63) / 64 * 64 + 64;
+    double *qa = aligned_alloc(64, bytes);
+    double *sa = malloc((size_t)(m > 0 ? m : 1) * 8);
+    if (!qa || !sa) {
+        free(qa);
+        free(sa);
+        return 1;
+    }
+    for (int64_t i = 0; i < m; ++i) row_grid(x + i * k, k, pa, qa + i * k, sa + i);
+    shuili_fixed_gemm(qa, sa, m, k, p, sb, n, out, threads);
+    free(qa);
+    free(sa);
+    return 0;
 }
