@@ -25,15 +25,21 @@
 typedef double v4d __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16), aligned(4)));
 
+/* One block of K (k terms from a and the widened panel p) for up to MR rows. The first block starts
+   from zero, later ones from the partial sums in cb (row stride NR); the last one finishes the rows
+   into out, the others park their sums in cb. Every partial sum is exact, so blocking K changes no
+   bit; it keeps the block's panel and rows in L1. */
 static inline __attribute__((always_inline)) void tile(int mr, int64_t k, const double *a, int64_t lda,
                                                        const double *p, const double *sa, const double *sb,
-                                                       float *out, int64_t ldo, int nc) {
+                                                       float *out, int64_t ldo, int nc, double *cb, int first,
+                                                       int last, const float *nx) {
     v4d acc[MR][2];
     for (int i = 0; i < MR; ++i) {
-        acc[i][0] = (v4d){0.0, 0.0, 0.0, 0.0};
-        acc[i][1] = (v4d){0.0, 0.0, 0.0, 0.0};
+        acc[i][0] = first ? (v4d){0.0, 0.0, 0.0, 0.0} : *(const v4d *)(cb + i * NR);
+        acc[i][1] = first ? (v4d){0.0, 0.0, 0.0, 0.0} : *(const v4d *)(cb + i * NR + 4);
     }
     for (int64_t kk = 0; kk < k; ++kk) {
+        if (nx && !(kk & 1)) __builtin_prefetch(nx + kk * NR, 0, 2);
         v4d b0 = *(const v4d *)(p + kk * NR);
         v4d b1 = *(const v4d *)(p + kk * NR + 4);
         for (int i = 0; i < mr; ++i) {
@@ -41,6 +47,13 @@ static inline __attribute__((always_inline)) void tile(int mr, int64_t k, const 
             acc[i][0] += ai * b0;
             acc[i][1] += ai * b1;
         }
+    }
+    if (!last) {
+        for (int i = 0; i < mr; ++i) {
+            *(v4d *)(cb + i * NR) = acc[i][0];
+            *(v4d *)(cb + i * NR + 4) = acc[i][1];
+        }
+        return;
     }
     for (int i = 0; i < mr; ++i) {
         double s = sa[i];
@@ -54,15 +67,16 @@ static inline __attribute__((always_inline)) void tile(int mr, int64_t k, const 
 }
 
 static void tile_rows(int mr, int64_t k, const double *a, int64_t lda, const double *p, const double *sa,
-                      const double *sb, float *out, int64_t ldo, int nc) {
+                      const double *sb, float *out, int64_t ldo, int nc, double *cb, int first, int last,
+                      const float *nx) {
     /* one specialised loop per row count, so acc stays in registers */
     switch (mr) {
-        case 6: tile(6, k, a, lda, p, sa, sb, out, ldo, nc); break;
-        case 5: tile(5, k, a, lda, p, sa, sb, out, ldo, nc); break;
-        case 4: tile(4, k, a, lda, p, sa, sb, out, ldo, nc); break;
-        case 3: tile(3, k, a, lda, p, sa, sb, out, ldo, nc); break;
-        case 2: tile(2, k, a, lda, p, sa, sb, out, ldo, nc); break;
-        default: tile(1, k, a, lda, p, sa, sb, out, ldo, nc); break;
+        case 6: tile(6, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
+        case 5: tile(5, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
+        case 4: tile(4, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
+        case 3: tile(3, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
+        case 2: tile(2, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
+        default: tile(1, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
     }
 }
 
@@ -82,14 +96,16 @@ typedef double v8d __attribute__((vector_size(64)));
 
 static inline __attribute__((always_inline)) void tile2(int mr, int np, int64_t k, const double *a, int64_t lda,
                                                         const double *p, const double *sa, const double *sb,
-                                                        float *out, int64_t ldo, int nc) {
-    v8d acc[MR2][2];
+                                                        float *out, int64_t ldo, int nc, double *cb, int first,
+                                                        int last, const float *nx0, const float *nx1) {
+    v8d acc[MR2][2];  /* cb: row stride 2 * NR, as tile()'s */
     for (int i = 0; i < MR2; ++i) {
-        acc[i][0] = (v8d){0.0};
-        acc[i][1] = (v8d){0.0};
+        acc[i][0] = first ? (v8d){0.0} : *(const v8d *)(cb + i * 2 * NR);
+        acc[i][1] = first || np != 2 ? (v8d){0.0} : *(const v8d *)(cb + i * 2 * NR + NR);
     }
     const double *q = p + k * NR;  /* the second panel, widened right after the first */
     for (int64_t kk = 0; kk < k; ++kk) {
+        if (nx0) __builtin_prefetch((kk & 1 ? nx1 : nx0) + (kk >> 1) * 16, 0, 2);
         v8d b0 = *(const v8d *)(p + kk * NR);
         if (np == 2) {
             v8d b1 = *(const v8d *)(q + kk * NR);
@@ -101,6 +117,24 @@ static inline __attribute__((always_inline)) void tile2(int mr, int np, int64_t 
         } else {
             for (int i = 0; i < mr; ++i) acc[i][0] += a[i * lda + kk] * b0;
         }
+    }
+    if (!last) {
+        for (int i = 0; i < mr; ++i) {
+            *(v8d *)(cb + i * 2 * NR) = acc[i][0];
+            if (np == 2) *(v8d *)(cb + i * 2 * NR + NR) = acc[i][1];
+        }
+        return;
+    }
+    if (nc == np * NR) {  /* whole panels: the same three operations per element, 8 lanes at a time */
+        typedef double v8du __attribute__((vector_size(64), aligned(8)));
+        v8d s0 = *(const v8du *)sb, s1 = np == 2 ? *(const v8du *)(sb + NR) : s0;
+        for (int i = 0; i < mr; ++i) {
+            v8d s = (v8d){0.0} + sa[i];
+            typedef float v8f __attribute__((vector_size(32), aligned(4)));
+            *(v8f *)(out + i * ldo) = __builtin_convertvector((acc[i][0] + 0.0) * s * s0, v8f);
+            if (np == 2) *(v8f *)(out + i * ldo + NR) = __builtin_convertvector((acc[i][1] + 0.0) * s * s1, v8f);
+        }
+        return;
     }
     for (int i = 0; i < mr; ++i) {
         double s = sa[i];
@@ -115,18 +149,19 @@ static inline __attribute__((always_inline)) void tile2(int mr, int np, int64_t 
 
 #define TILE2_CASE(R)                                                             \
     case R:                                                                       \
-        if (np == 2) tile2(R, 2, k, a, lda, p, sa, sb, out, ldo, nc);             \
-        else tile2(R, 1, k, a, lda, p, sa, sb, out, ldo, nc);                     \
+        if (np == 2) tile2(R, 2, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx0, nx1); \
+        else tile2(R, 1, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx0, nx1);         \
         break;
 
 static void tile2_rows(int mr, int np, int64_t k, const double *a, int64_t lda, const double *p,
-                       const double *sa, const double *sb, float *out, int64_t ldo, int nc) {
+                       const double *sa, const double *sb, float *out, int64_t ldo, int nc, double *cb,
+                       int first, int last, const float *nx0, const float *nx1) {
     switch (mr) {
         TILE2_CASE(12) TILE2_CASE(11) TILE2_CASE(10) TILE2_CASE(9) TILE2_CASE(8) TILE2_CASE(7)
         TILE2_CASE(6) TILE2_CASE(5) TILE2_CASE(4) TILE2_CASE(3) TILE2_CASE(2)
         default:
-            if (np == 2) tile2(1, 2, k, a, lda, p, sa, sb, out, ldo, nc);
-            else tile2(1, 1, k, a, lda, p, sa, sb, out, ldo, nc);
+            if (np == 2) tile2(1, 2, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx0, nx1);
+            else tile2(1, 1, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx0, nx1);
     }
 }
 #define PSTEP 2
@@ -136,12 +171,24 @@ static void tile2_rows(int mr, int np, int64_t k, const double *a, int64_t lda, 
 #define ROWS MR
 #endif
 
+#ifndef MC_BYTES
+#define MC_BYTES (1 << 20) /* the rows of a one pass over the panels serves: in L2, so each widened panel feeds many tiles */
+#endif
+#ifndef KC
+#define KC 192 /* K per block: the block's widened panels and its rows' a fit in L1 together */
+#endif
+
 static void *run(void *arg) {
     const job_t *j = (const job_t *)arg;
-    /* one panel widened to float64 at a time (K x NR x 8 bytes, L1/L2-resident): the tiles then
-       read it with the multiply-adds' memory operands, and the registers hold 12 accumulators */
-    double *panel = aligned_alloc(64, (size_t)((PSTEP * j->k * NR * 8 + 63) / 64 * 64 + 64));
-    if (!panel) return (void *)1;
+    /* the panels of one K block widened to float64 (PSTEP x KC x NR x 8 bytes) and the partial sums
+       of a block of rows (mc x PSTEP x NR doubles) between K blocks */
+    double *panel = aligned_alloc(64, (size_t)PSTEP * KC * NR * 8 + 64);
+    double *cb = aligned_alloc(64, (size_t)(j->mc + ROWS) * PSTEP * NR * 8 + 64);
+    if (!panel || !cb) {
+        free(panel);
+        free(cb);
+        return (void *)1;
+    }
     for (int64_t m0 = 0; m0 < j->m; m0 += j->mc) {  /* a block of rows stays in L2 while panels stream */
         int64_t m1 = m0 + j->mc < j->m ? m0 + j->mc : j->m;
         for (int64_t pp = j->p0; pp < j->p1; pp += PSTEP) {
@@ -149,21 +196,37 @@ static void *run(void *arg) {
             int64_t n0 = pp * NR;
             int nc = j->n - n0 < np * NR ? (int)(j->n - n0) : np * NR;
             const float *src = j->p + pp * j->k * NR;
-            for (int64_t e = 0; e < np * j->k * NR; e += 4)
-                *(v4d *)(panel + e) = __builtin_convertvector(*(const v4f *)(src + e), v4d);
-            for (int64_t i = m0; i < m1; i += ROWS) {
-                int mr = m1 - i < ROWS ? (int)(m1 - i) : ROWS;
+            for (int64_t k0 = 0; k0 < j->k || k0 == 0; k0 += KC) {
+                int64_t kb = j->k - k0 < KC ? j->k - k0 : KC;
+                for (int q = 0; q < np; ++q) {  /* a plain loop: gcc vectorises it at the full width */
+                    const float *restrict from = src + q * j->k * NR + k0 * NR;
+                    double *restrict to = panel + q * kb * NR;
+                    for (int64_t e = 0; e < kb * NR; ++e) to[e] = (double)from[e];
+                }
+                int first = k0 == 0, last = k0 + kb >= j->k;
+                /* the next block's float32 lines (this pair's, or the next pair's first), fetched into L2 by
+                   the first row tile, one line per step of its loop: the loads overlap the multiply-adds
+                   instead of stalling the next widen */
+                const float *nx0 = last ? src + np * j->k * NR : src + (k0 + kb) * NR;
+                const float *nx1 = nx0 + j->k * NR;
+                if (last && pp + np >= j->p1) nx0 = nx1 = NULL;
+                for (int64_t i = m0; i < m1; i += ROWS) {
+                    int mr = m1 - i < ROWS ? (int)(m1 - i) : ROWS;
+                    double *c = cb + (i - m0) * PSTEP * NR;
 #if PSTEP == 2
-                tile2_rows(mr, np, j->k, j->a + i * j->k, j->k, panel, j->sa + i, j->sb + n0,
-                           j->out + i * j->n + n0, j->n, nc);
+                    tile2_rows(mr, np, kb, j->a + i * j->k + k0, j->k, panel, j->sa + i, j->sb + n0,
+                               j->out + i * j->n + n0, j->n, nc, c, first, last, i == m0 ? nx0 : NULL,
+                               nx1);
 #else
-                tile_rows(mr, j->k, j->a + i * j->k, j->k, panel, j->sa + i, j->sb + n0,
-                          j->out + i * j->n + n0, j->n, nc);
+                    tile_rows(mr, kb, j->a + i * j->k + k0, j->k, panel, j->sa + i, j->sb + n0,
+                              j->out + i * j->n + n0, j->n, nc, c, first, last, i == m0 ? nx0 : NULL);
 #endif
+                }
             }
         }
     }
     free(panel);
+    free(cb);
     return NULL;
 }
 
@@ -175,7 +238,7 @@ static void *run(void *arg) {
 void shuili_fixed_gemm(const double *a, const double *sa, int64_t m, int64_t k, const float *p,
                        const double *sb, int64_t n, float *out, int threads) {
     int64_t panels = (n + NR - 1) / NR;
-    int64_t mc = (196608 / (8 * (k > 0 ? k : 1))) / ROWS * ROWS;
+    int64_t mc = (MC_BYTES / (8 * (k > 0 ? k : 1))) / ROWS * ROWS;
     if (mc < ROWS) mc = ROWS;
     if (threads < 1) threads = 1;
     if (threads > 256) threads = 256;
