@@ -7,6 +7,14 @@ LDL/STL (local-memory spill traffic), I2F, FMUL. "old" is gemm.py's _gemm_kernel
 picks for that case, "new" is qgemm.py's _qgemm_kernel at its tile. Integer arguments are marked
 divisible by 16, as Triton's launcher specialises them at run time for these shapes.
 
+Then, for the new kernel, the main K loop (the largest backward branch whose body holds the MMAs):
+its SASS instructions per thread ("loop"), and "per elem" = loop x threads / weight elements one
+iteration dequantizes (BN x BK, twice for the SwiGLU GEMM), i.e. issue slots per weight element,
+the cost the dequantisation adds to a decode GEMM that should be bound by weight bytes. Beside it
+the loop's shared-memory traffic (STS/LDS/LDSM), shuffles (SHFL) and byte/bit shuffling
+(PRMT/LOP3), which show layout conversions, and its float work (FMUL, F2FP conversions) and
+compares/selects (ISETP/SEL).
+
 It needs Triton's bundled ptxas and cuobjdump (any host) and also compiles every constexpr
 combination the ops launch, so a GPU-only compile error shows here first:
 
@@ -28,6 +36,10 @@ from shuili.platforms.nvidia import gemm, qgemm
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG.E.U8", "LDL", "STL", "I2F", "FMUL")
+# loop-body columns: label -> opcode prefixes (the opcode up to its first dot, or whole)
+LOOP_OPS = {"STS": ("STS",), "LDS": ("LDS",), "LDSM": ("LDSM",), "SHFL": ("SHFL",), "PRMT": ("PRMT",),
+            "LOP3": ("LOP3",), "FMUL": ("FMUL", "FFMA", "HMUL2", "HFMA2"), "F2FP": ("F2FP", "F2F", "I2F"),
+            "ISETP/SEL": ("ISETP", "SEL", "FSEL")}
 
 
 def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xidx=False, yidx=False,
@@ -51,7 +63,8 @@ def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xi
                           options=dict(num_warps=nw, num_stages=ns))
 
 
-def report(k) -> str:
+def dump(k) -> tuple[str, str]:
+    """(resource usage, SASS) of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
     try:
@@ -61,6 +74,41 @@ def report(k) -> str:
                               capture_output=True, text=True).stdout
     finally:
         os.unlink(f.name)
+    return res, sass
+
+
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of every SASS instruction, NOPs left out (alignment padding)."""
+    return [(int(m.group(1), 16), m.group(3), m.group(4)) for m in _INSN.finditer(sass) if m.group(3) != "NOP"]
+
+
+def main_loop(sass: str) -> list[tuple[int, str, str]]:
+    """The instructions of the largest loop (backward branch) that holds an MMA; the whole kernel if
+    none does. A software-pipelined loop's body is one steady-state iteration."""
+    ins = instructions(sass)
+    best = ins
+    for addr, op, arg in ins:
+        t = re.search(r"0x([0-9a-f]+)", arg)
+        if not op.startswith("BRA") or not t or int(t.group(1), 16) >= addr:
+            continue
+        body = [i for i in ins if int(t.group(1), 16) <= i[0] <= addr]
+        if any(o.startswith(("HMMA", "HGMMA")) for _, o, _ in body) and (best is ins or len(body) > len(best)):
+            best = body
+    return best
+
+
+def loop_report(k, elems: int, nw: int) -> str:
+    """Main-loop SASS per thread, per weight element dequantized in one iteration, by column."""
+    body = main_loop(dump(k)[1])
+    cols = " ".join(f"{lab}={sum(op.split('.')[0] in pre for _, op, _ in body)}" for lab, pre in LOOP_OPS.items())
+    return f"loop {len(body):>4} insn, {len(body) * 32 * nw / elems:5.2f} per elem  {cols}"
+
+
+def report(k) -> str:
+    res, sass = dump(k)
     m = re.search(r"REG:(\d+) STACK:(\d+)", res)
     found = {op: len(re.findall(re.escape(op) + r"\b", sass)) for op in OPS}
     counts = " ".join(f"{op}={n}" for op, n in found.items())
@@ -97,7 +145,10 @@ def main():
     for label, old, new in CASES:
         print(f"{label:<34} old: {report(compile_kernel(True, **old))}", flush=True)
         nw, ns = new_opts(new["bm"])
-        print(f"{'':<34} new: {report(compile_kernel(False, nw=nw, ns=ns, **new))}", flush=True)
+        k = compile_kernel(False, nw=nw, ns=ns, **new)
+        print(f"{'':<34} new: {report(k)}", flush=True)
+        elems = new["bn"] * new["bk"] * (2 if new.get("swiglu") else 1)
+        print(f"{'':<34}      {loop_report(k, elems, nw)}", flush=True)
     if a.all:
         for kw in EXTRA:
             nw, ns = new_opts(kw["bm"])
