@@ -13,7 +13,8 @@ iteration dequantizes (BN x BK, twice for the SwiGLU GEMM), i.e. issue slots per
 the cost the dequantisation adds to a decode GEMM that should be bound by weight bytes. Beside it
 the loop's shared-memory traffic (STS/LDS/LDSM), shuffles (SHFL) and byte/bit shuffling
 (PRMT/LOP3), which show layout conversions, and its float work (FMUL, F2FP conversions) and
-compares/selects (ISETP/SEL).
+compares/selects (ISETP/SEL); FTZ counts flush-to-zero float multiplies, adds and conversions in
+the whole kernel (the mxfp4 decode relies on subnormals being kept, so it must read 0).
 
 It needs Triton's bundled ptxas and cuobjdump (any host) and also compiles every constexpr
 combination the ops launch, so a GPU-only compile error shows here first:
@@ -40,6 +41,7 @@ OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG.E.U8", "LDL", "STL", "I2F", "FMUL")
 LOOP_OPS = {"STS": ("STS",), "LDS": ("LDS",), "LDSM": ("LDSM",), "SHFL": ("SHFL",), "PRMT": ("PRMT",),
             "LOP3": ("LOP3",), "FMUL": ("FMUL", "FFMA", "HMUL2", "HFMA2"), "F2FP": ("F2FP", "F2F", "I2F"),
             "ISETP/SEL": ("ISETP", "SEL", "FSEL")}
+FLOAT_OPS = ("FMUL", "FFMA", "FADD", "F2FP", "HMUL2", "HFMA2", "HADD2")  # ops that could flush a weight
 
 
 def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xidx=False, yidx=False,
@@ -104,6 +106,9 @@ def loop_report(k, elems: int, nw: int) -> str:
     """Main-loop SASS per thread, per weight element dequantized in one iteration, by column."""
     body = main_loop(dump(k)[1])
     cols = " ".join(f"{lab}={sum(op.split('.')[0] in pre for _, op, _ in body)}" for lab, pre in LOOP_OPS.items())
+    # the mxfp4 decode's exactness needs subnormals kept: any flush-to-zero float op shows here
+    ftz = sum(op.startswith(FLOAT_OPS) and (".FTZ" in op or ".FMZ" in op) for _, op, _ in instructions(dump(k)[1]))
+    cols += f" FTZ={ftz}"
     return f"loop {len(body):>4} insn, {len(body) * 32 * nw / elems:5.2f} per elem  {cols}"
 
 
