@@ -45,12 +45,14 @@ FLOAT_OPS = ("FMUL", "FFMA", "FADD", "F2FP", "HMUL2", "HFMA2", "HADD2")  # ops t
 
 
 def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xidx=False, yidx=False,
-                   f32=False, hilo=False, split=1, bias=False, limit=False):
+                   f32=False, hilo=False, split=1, bias=False, limit=False, planes=False):
     fn = gemm._gemm_kernel if old else qgemm._qgemm_kernel
     vals = dict(FMT=fmt, GROUPED=grouped, X_IDX=xidx, Y_IDX=yidx, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=limit,
                 F32=f32, HILO=hilo, NATIVE_FP8=True, SPLIT=split, BM=bm, BN=bn, BK=bk)
-    act = "*fp32" if (f32 or hilo) else "*bf16"
-    out = "*fp32" if (split > 1 or swiglu or yidx or hilo or f32) else "*bf16"
+    if not old:
+        vals["PLANES"] = planes
+    act = "*fp32" if (f32 or (hilo and not planes)) else "*bf16"
+    out = "*fp32" if (split > 1 or (swiglu and not planes) or yidx or hilo or f32) else "*bf16"
     ptr = {"x_ptr": act, "y_ptr": out, "w_ptr": "*u8", "s_ptr": "*fp32" if fmt == 1 else "*u8", "b_ptr": act,
            "yw_ptr": "*fp32", "limit": "fp32"}
     sig, cst, attrs = {}, {}, {}
@@ -130,8 +132,11 @@ CASES = [  # (label, old kernel kwargs, new kernel kwargs)
     ("fp8 linear M64", dict(fmt=1, bm=64, bn=64, bk=64, nw=4, ns=3), dict(fmt=1, bm=64, bn=64, bk=128)),
     ("fp8 linear M16", dict(fmt=1, bm=16, bn=64, bk=128, nw=4, ns=3), dict(fmt=1, bm=16, bn=64, bk=128)),
     ("mxfp4 moe GEMM1 (12 rows/expert)", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True),
-     dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, swiglu=True, xidx=True, limit=True)),
+     dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, swiglu=True, xidx=True, limit=True, planes=True)),
     ("mxfp4 moe GEMM2 (12 rows/expert)", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True, hilo=True),
+     dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, hilo=True, yidx=True, planes=True)),
+    # the hi/lo split of a float32 input per K step, as grouped_linear still launches it
+    ("mxfp4 GEMM2, float32 input split", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True, hilo=True),
      dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, hilo=True, yidx=True)),
 ]
 # every other constexpr combination the ops launch (compile check only)
@@ -139,8 +144,10 @@ EXTRA = [dict(fmt=f, bm=bm, bn=64, bk=32 if kw.get("f32") else 128, **kw) for f 
          for kw in (dict(bias=True), dict(split=3, bias=True), dict(f32=True, split=2), dict(grouped=True, f32=True),
                     dict(grouped=True, hilo=True), dict(grouped=True, split=2),
                     dict(grouped=True, swiglu=True, xidx=True, limit=True),
+                    dict(grouped=True, swiglu=True, xidx=True, limit=True, planes=True),
                     dict(grouped=True, swiglu=True, xidx=True, limit=True, f32=True),
-                    dict(grouped=True, hilo=True, yidx=True), dict(grouped=True, f32=True, yidx=True))]
+                    dict(grouped=True, hilo=True, yidx=True), dict(grouped=True, hilo=True, yidx=True, planes=True),
+                    dict(grouped=True, f32=True, yidx=True))]
 
 
 def main():

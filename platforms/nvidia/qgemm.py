@@ -26,7 +26,8 @@ MoE (moe_experts): one tile map serves both expert GEMMs; GEMM1 reads its rows t
 order (no gathered copy of x) and applies the clamp and SwiGLU in its epilogue (it computes the
 gate and the up columns of a tile together), GEMM2 multiplies each row by its routing weight and
 stores it at its (token, slot) place, and one kernel adds the k slots in slot order. float32 stays
-float32 throughout, as the contract asks.
+float32 throughout, as the contract asks. With bf16 activations GEMM2 dots the float32 intermediate
+as bf16 hi + lo parts, which GEMM1's epilogue stores (two bf16 planes, the bytes of one float32).
 """
 from __future__ import annotations
 
@@ -131,15 +132,18 @@ def _fp8_tile(w_ptr, e, cols, cok, kk, kok, s_we, s_wn, NATIVE_FP8: tl.constexpr
 
 
 @triton.jit
-def _dot(acc, a, w, F32: tl.constexpr, HILO: tl.constexpr):
+def _dot(acc, a, al, w, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr):
     """acc + a @ w^T. F32: float32 operands, IEEE dot. HILO: float32 a against a bf16 weight as two
-    bf16 dots (hi + lo parts of a: about 16 of its 24 bits)."""
+    bf16 dots (hi + lo parts of a: about 16 of its 24 bits); PLANES: a and al are those parts."""
     wt = tl.trans(w)
     if F32:
         out = tl.dot(a, wt, acc, input_precision="ieee")
     elif HILO:
-        hi = a.to(tl.bfloat16)
-        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+        hi = a
+        lo = al
+        if not PLANES:
+            hi = a.to(tl.bfloat16)
+            lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
         out = tl.dot(lo, wt, tl.dot(hi, wt, acc))
     else:
         out = tl.dot(a, wt, acc)
@@ -147,11 +151,13 @@ def _dot(acc, a, w, F32: tl.constexpr, HILO: tl.constexpr):
 
 
 @triton.jit
-def _k_step(acc, a, ae, ao, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
-            FMT: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, NATIVE_FP8: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_ODD: tl.constexpr):
-    """acc + a @ W[e, cols, k0:k0+BK]^T. EVEN_ODD (mxfp4): as ae @ W_even^T + ao @ W_odd^T, where
-    ae, ao [BM, BK/2] are a's even and odd columns."""
+def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
+            FMT: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr,
+            NATIVE_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+            EVEN_ODD: tl.constexpr):
+    """acc + a @ W[e, cols, k0:k0+BK]^T (al: a's lo part, see _dot). EVEN_ODD (mxfp4): as
+    ae @ W_even^T + ao @ W_odd^T, where ae, ao [BM, BK/2] are a's even and odd columns (ale, alo:
+    al's)."""
     wt = a.dtype
     if HILO:
         wt = tl.bfloat16
@@ -159,7 +165,7 @@ def _k_step(acc, a, ae, ao, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_
         kk = k0 + tl.arange(0, BK)
         w = _fp8_tile(w_ptr, e, cols, cok, kk, kk < k_hi, s_we, s_wn, NATIVE_FP8).to(wt)
         sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + k0 // 128, mask=cok, other=0.0)
-        part = _dot(tl.zeros([BM, BN], tl.float32), a, w, F32, HILO)
+        part = _dot(tl.zeros([BM, BN], tl.float32), a, al, w, F32, HILO, PLANES)
         out = acc + part * sc[None, :]
     else:
         lo, hi = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK)
@@ -167,26 +173,27 @@ def _k_step(acc, a, ae, ao, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_
             lo = _to_bf16(lo)
             hi = _to_bf16(hi)
         if EVEN_ODD:
-            out = _dot(_dot(acc, ae, lo.to(wt), F32, HILO), ao, hi.to(wt), F32, HILO)
+            out = _dot(_dot(acc, ae, ale, lo.to(wt), F32, HILO, PLANES), ao, alo, hi.to(wt), F32, HILO, PLANES)
         else:
             w = tl.reshape(tl.join(lo, hi), (BN, BK))  # low nibble = even K
-            out = _dot(acc, a, w.to(wt), F32, HILO)
+            out = _dot(acc, a, al, w.to(wt), F32, HILO, PLANES)
     return out
 
 
 # ------------------------------------------------------------------------------------------ kernel
 @triton.jit
 def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_ptr, t0_ptr, t1_ptr,
-                  M, N, K, KC, UP, TOPK, s_xm, s_ym, s_we, s_wn, s_se, s_sn, limit,
+                  M, N, K, KC, UP, TOPK, s_xm, s_ym, s_we, s_wn, s_se, s_sn, s_plane, limit,
                   FMT: tl.constexpr, GROUPED: tl.constexpr, X_IDX: tl.constexpr, Y_IDX: tl.constexpr,
                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr,
-                  F32: tl.constexpr, HILO: tl.constexpr, NATIVE_FP8: tl.constexpr, SPLIT: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                  F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr, NATIVE_FP8: tl.constexpr,
+                  SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """y[rows, cols] = x[rows] @ W[e, cols]^T over K chunk program_id(2).
     GROUPED: program_id(0) indexes the tile map (group, first row, end row; group -1 = unused).
     X_IDX: row r reads x[xi[r] // TOPK]. SWIGLU: N is I; also computes columns cols + UP and stores
     silu(min(g, limit)) * clamp(u, -limit, limit). Y_IDX: row r is stored, times yw[yi[r]], at row
-    yi[r] of y. SPLIT > 1: float32 partials [SPLIT, M, N] into y."""
+    yi[r] of y. SPLIT > 1: float32 partials [SPLIT, M, N] into y. PLANES: float32 values travel as
+    bf16 hi and lo parts s_plane elements apart; SWIGLU stores its output so, HILO reads x so."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
@@ -218,17 +225,25 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
     EVEN_ODD: tl.constexpr = FMT == 2 and BM < 64
     for k0 in range(k_lo, k_hi, BK):
         kk = k0 + tl.arange(0, BK)
-        a = tl.load(x_ptr + src[:, None] * s_xm + kk[None, :], mask=rok[:, None] & (kk < k_hi)[None, :],
-                    other=0.0)
+        xo = src[:, None] * s_xm + kk[None, :]
+        xok = rok[:, None] & (kk < k_hi)[None, :]
+        a = tl.load(x_ptr + xo, mask=xok, other=0.0)
+        al = a
+        if HILO and PLANES:
+            al = tl.load(x_ptr + s_plane + xo, mask=xok, other=0.0)
         ae = a
         ao = a
+        ale = al
+        alo = al
         if EVEN_ODD:
             ae, ao = tl.split(tl.reshape(a, (BM, BK // 2, 2)))
-        acc = _k_step(acc, a, ae, ao, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
-                      FMT, F32, HILO, NATIVE_FP8, BM, BN, BK, EVEN_ODD)
+            if HILO and PLANES:
+                ale, alo = tl.split(tl.reshape(al, (BM, BK // 2, 2)))
+        acc = _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se,
+                      s_sn, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD)
         if SWIGLU:
-            acc_u = _k_step(acc_u, a, ae, ao, w_ptr, s_ptr, e, cols + UP, cok, k0, k_hi, s_we, s_wn, s_se,
-                            s_sn, FMT, F32, HILO, NATIVE_FP8, BM, BN, BK, EVEN_ODD)
+            acc_u = _k_step(acc_u, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols + UP, cok, k0, k_hi, s_we,
+                            s_wn, s_se, s_sn, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD)
     ok = rok[:, None] & cok[None, :]
     if SPLIT > 1:
         part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
@@ -248,7 +263,14 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
             acc = acc * tl.load(yw_ptr + dst, mask=rok, other=0.0)[:, None]
         else:
             dst = rows.to(tl.int64)
-        tl.store(y_ptr + dst[:, None] * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
+        yo = dst[:, None] * s_ym + cols[None, :]
+        if SWIGLU and PLANES:
+            # the split _dot does per K step when it reads float32, done once here (same bits)
+            hi = acc.to(tl.bfloat16)
+            tl.store(y_ptr + yo, hi, mask=ok)
+            tl.store(y_ptr + s_plane + yo, (acc - hi.to(tl.float32)).to(tl.bfloat16), mask=ok)
+        else:
+            tl.store(y_ptr + yo, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -320,8 +342,9 @@ def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
 
 
 def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None, yw=None, swiglu=False,
-            limit=None, hilo=False, batch_invariant=False, bm=None):
-    """One qgemm launch (plus the ordered split-K sum where K is split). Returns y."""
+            limit=None, hilo=False, batch_invariant=False, bm=None, plane=0):
+    """One qgemm launch (plus the ordered split-K sum where K is split). Returns y. plane > 0: the
+    SwiGLU output (y) or the hi/lo input (x) is bf16 hi and lo planes that many elements apart."""
     m, k = x.shape[0], w.shape[-1]
     grouped = tiles is not None
     n = w.shape[-2] // 2 if swiglu else w.shape[-2]
@@ -348,11 +371,11 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
     _qgemm_kernel[(nt, cdiv(n, bn), split)](
         x, xi if xi is not None else x, data, scale, bias if bias is not None else x, out,
         yi if yi is not None else x, yw if yw is not None else x, te, t0, t1,
-        m, n, k, kc, n, topk, x.stride(0), y.stride(0), s_we, s_wn, s_se, s_sn,
+        m, n, k, kc, n, topk, x.stride(0), y.stride(0), s_we, s_wn, s_se, s_sn, plane,
         float(limit) if limit is not None else 0.0,
         FMT=FMT_ID[w.format], GROUPED=grouped, X_IDX=xi is not None, Y_IDX=yi is not None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
-        NATIVE_FP8=not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
+        PLANES=plane > 0, NATIVE_FP8=not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
         num_warps=NUM_WARPS or (4 if bm <= 16 else 8), num_stages=NUM_STAGES or (4 if bm <= 16 else 3))
     if split > 1:
         block = 1024
@@ -388,12 +411,19 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     bm = group_bm(t * k, e, batch_invariant)
     order, _, tiles = moe_prep(flat, e, bm)
     inter = w13.shape[1] // 2
-    a = torch.empty(t * k, inter, dtype=torch.float32, device=x.device)
+    hilo = x.dtype != torch.float32
+    if hilo:
+        # GEMM2 dots the float32 intermediate as bf16 hi + lo parts; GEMM1 stores them, so GEMM2's
+        # programs (one per column tile, each reading all of it) do not split it every K step
+        planes = torch.empty(2, t * k, inter, dtype=torch.bfloat16, device=x.device)
+        a, plane = planes[0], planes.stride(0)
+    else:
+        a, plane = torch.empty(t * k, inter, dtype=torch.float32, device=x.device), 0
     _launch(x.contiguous(), w13, a, tiles=tiles, xi=order, topk=k, swiglu=True, limit=swiglu_limit,
-            batch_invariant=batch_invariant, bm=bm)
+            batch_invariant=batch_invariant, bm=bm, plane=plane)
     parts = torch.empty(t * k, d, dtype=torch.float32, device=x.device)
     _launch(a, w2, parts, tiles=tiles, yi=order, yw=topk_weights.float().reshape(-1).contiguous(),
-            hilo=x.dtype != torch.float32, batch_invariant=batch_invariant, bm=bm)
+            hilo=hilo, batch_invariant=batch_invariant, bm=bm, plane=plane)
     block = min(1024, pow2(d))
     _combine_kernel[(t, cdiv(d, block))](parts, out, d, TOPK=k, BLOCK=block)
     return out

@@ -7,6 +7,7 @@ import triton.language as tl
 
 from shuili.hal.types import Weight
 from shuili.platforms.nvidia import gemm, qgemm
+from shuili.platforms.nvidia.moe_prep import moe_prep
 from shuili.platforms.reference import quant
 from shuili.platforms.reference.ops import OPS as REF
 
@@ -181,3 +182,30 @@ def test_qlinear_mxfp4_unaligned_data(device):
     assert odd.data.data_ptr() % 4
     x = rnd(3, 256, seed=53).to(device)
     assert torch.equal(gemm.linear(x, odd, None), gemm.linear(x, on(w, device, torch.float32), None))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("bi", [False, True])
+def test_qmoe_bf16_hi_lo_planes(device, fmt, bi):
+    """bf16 activations: GEMM1 stores the float32 intermediate as bf16 hi and lo planes, GEMM2 dots
+    them. Within tolerance of the reference, and the same bits as GEMM2 splitting a float32
+    intermediate itself every K step (the scheme the planes replace)."""
+    t, e, k, d, inter = 21, 6, 3, 64, 96
+    ids = torch.stack([torch.randperm(e, generator=g(210 + i))[:k] for i in range(t)]).to(device)
+    wts = torch.softmax(rnd(t, k, seed=48), -1).to(device)
+    w13 = on(weight(fmt, (e, 2 * inter, d), seed=49), device, torch.bfloat16)
+    w2 = on(weight(fmt, (e, d, inter), seed=50), device, torch.bfloat16)
+    x = rnd(t, d, seed=51).to(device, torch.bfloat16)
+    got = gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=bi)
+    want = REF["moe_experts"](x.float().cpu(), ids.cpu(), wts.cpu(), on(w13, "cpu", torch.float32),
+                              on(w2, "cpu", torch.float32), 1.5)
+    assert got.dtype == torch.bfloat16 and rel(got, want) < TOL[torch.bfloat16]
+    bm = qgemm.group_bm(t * k, e, bi)
+    order, _, tiles = moe_prep(ids.reshape(-1), e, bm)
+    a = torch.empty(t * k, inter, device=device)
+    qgemm._launch(x, w13, a, tiles=tiles, xi=order, topk=k, swiglu=True, limit=1.5, batch_invariant=bi, bm=bm)
+    parts = torch.empty(t * k, d, device=device)
+    qgemm._launch(a, w2, parts, tiles=tiles, yi=order, yw=wts.reshape(-1), hilo=True, batch_invariant=bi, bm=bm)
+    out = torch.empty_like(got)
+    qgemm._combine_kernel[(t, 1)](parts, out, d, TOPK=k, BLOCK=d)
+    assert torch.equal(got, out)
