@@ -80,7 +80,7 @@ def _e2m1_x8(word, sb):
     benchmarks/qgemm_sass.py counts any FTZ op)."""
     f1 = ((tl.minimum(sb, 128) + 126) << 23).to(tl.float32, bitcast=True)
     f2 = tl.where(sb == 255, 0x7FC00000, (tl.maximum(sb, 128) - 1) << 23).to(tl.float32, bitcast=True)
-    m = -0x7E400000  # 0x81C00000: sign bit and the three magnitude bits
+    m = -0x7E400000  # 0x81C00000 written signed: Triton types the literal int32
     l0 = (((word << 28) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
     h0 = (((word << 24) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
     l1 = (((word << 20) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
@@ -97,7 +97,7 @@ def _e2m1_x8(word, sb):
 def _to_bf16(v):
     """float32 -> bfloat16 by taking the high half of the bits: exact for values with at most 8
     significant bits (dequantized e2m1: 2), subnormals included, with no rounding conversion to
-    trust (the interpreter's flushes bf16 subnormals)."""
+    trust (the interpreter's cast flushes bf16 subnormals)."""
     return (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
