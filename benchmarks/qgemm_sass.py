@@ -7,6 +7,15 @@ LDL/STL (local-memory spill traffic), I2F, FMUL. "old" is gemm.py's _gemm_kernel
 picks for that case, "new" is qgemm.py's _qgemm_kernel at its tile. Integer arguments are marked
 divisible by 16, as Triton's launcher specialises them at run time for these shapes.
 
+Then, for the new kernel, the main K loop (the largest backward branch whose body holds the MMAs):
+its SASS instructions per thread ("loop"), and "per elem" = loop x threads / weight elements one
+iteration dequantizes (BN x BK, twice for the SwiGLU GEMM), i.e. issue slots per weight element,
+the cost the dequantisation adds to a decode GEMM that should be bound by weight bytes. Beside it
+the loop's shared-memory traffic (STS/LDS/LDSM), shuffles (SHFL) and byte/bit shuffling
+(PRMT/LOP3), which show layout conversions, and its float work (FMUL, F2FP conversions) and
+compares/selects (ISETP/SEL); FTZ counts flush-to-zero float multiplies, adds and conversions in
+the whole kernel (the mxfp4 decode relies on subnormals being kept, so it must read 0).
+
 It needs Triton's bundled ptxas and cuobjdump (any host) and also compiles every constexpr
 combination the ops launch, so a GPU-only compile error shows here first:
 
@@ -28,15 +37,22 @@ from shuili.platforms.nvidia import gemm, qgemm
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG.E.U8", "LDL", "STL", "I2F", "FMUL")
+# loop-body columns: label -> opcode prefixes (the opcode up to its first dot, or whole)
+LOOP_OPS = {"STS": ("STS",), "LDS": ("LDS",), "LDSM": ("LDSM",), "SHFL": ("SHFL",), "PRMT": ("PRMT",),
+            "LOP3": ("LOP3",), "FMUL": ("FMUL", "FFMA", "HMUL2", "HFMA2"), "F2FP": ("F2FP", "F2F", "I2F"),
+            "ISETP/SEL": ("ISETP", "SEL", "FSEL")}
+FLOAT_OPS = ("FMUL", "FFMA", "FADD", "F2FP", "HMUL2", "HFMA2", "HADD2")  # ops that could flush a weight
 
 
 def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xidx=False, yidx=False,
-                   f32=False, hilo=False, split=1, bias=False, limit=False):
+                   f32=False, hilo=False, split=1, bias=False, limit=False, planes=False):
     fn = gemm._gemm_kernel if old else qgemm._qgemm_kernel
     vals = dict(FMT=fmt, GROUPED=grouped, X_IDX=xidx, Y_IDX=yidx, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=limit,
                 F32=f32, HILO=hilo, NATIVE_FP8=True, SPLIT=split, BM=bm, BN=bn, BK=bk)
-    act = "*fp32" if (f32 or hilo) else "*bf16"
-    out = "*fp32" if (split > 1 or swiglu or yidx or hilo or f32) else "*bf16"
+    if not old:
+        vals["PLANES"] = planes
+    act = "*fp32" if (f32 or (hilo and not planes)) else "*bf16"
+    out = "*fp32" if (split > 1 or (swiglu and not planes) or yidx or hilo or f32) else "*bf16"
     ptr = {"x_ptr": act, "y_ptr": out, "w_ptr": "*u8", "s_ptr": "*fp32" if fmt == 1 else "*u8", "b_ptr": act,
            "yw_ptr": "*fp32", "limit": "fp32"}
     sig, cst, attrs = {}, {}, {}
@@ -51,7 +67,8 @@ def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xi
                           options=dict(num_warps=nw, num_stages=ns))
 
 
-def report(k) -> str:
+def dump(k) -> tuple[str, str]:
+    """(resource usage, SASS) of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
     try:
@@ -61,6 +78,44 @@ def report(k) -> str:
                               capture_output=True, text=True).stdout
     finally:
         os.unlink(f.name)
+    return res, sass
+
+
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of every SASS instruction, NOPs left out (alignment padding)."""
+    return [(int(m.group(1), 16), m.group(3), m.group(4)) for m in _INSN.finditer(sass) if m.group(3) != "NOP"]
+
+
+def main_loop(sass: str) -> list[tuple[int, str, str]]:
+    """The instructions of the largest loop (backward branch) that holds an MMA; the whole kernel if
+    none does. A software-pipelined loop's body is one steady-state iteration."""
+    ins = instructions(sass)
+    best = ins
+    for addr, op, arg in ins:
+        t = re.search(r"0x([0-9a-f]+)", arg)
+        if not op.startswith("BRA") or not t or int(t.group(1), 16) >= addr:
+            continue
+        body = [i for i in ins if int(t.group(1), 16) <= i[0] <= addr]
+        if any(o.startswith(("HMMA", "HGMMA")) for _, o, _ in body) and (best is ins or len(body) > len(best)):
+            best = body
+    return best
+
+
+def loop_report(k, elems: int, nw: int) -> str:
+    """Main-loop SASS per thread, per weight element dequantized in one iteration, by column."""
+    body = main_loop(dump(k)[1])
+    cols = " ".join(f"{lab}={sum(op.split('.')[0] in pre for _, op, _ in body)}" for lab, pre in LOOP_OPS.items())
+    # the mxfp4 decode's exactness needs subnormals kept: any flush-to-zero float op shows here
+    ftz = sum(op.startswith(FLOAT_OPS) and (".FTZ" in op or ".FMZ" in op) for _, op, _ in instructions(dump(k)[1]))
+    cols += f" FTZ={ftz}"
+    return f"loop {len(body):>4} insn, {len(body) * 32 * nw / elems:5.2f} per elem  {cols}"
+
+
+def report(k) -> str:
+    res, sass = dump(k)
     m = re.search(r"REG:(\d+) STACK:(\d+)", res)
     found = {op: len(re.findall(re.escape(op) + r"\b", sass)) for op in OPS}
     counts = " ".join(f"{op}={n}" for op, n in found.items())
@@ -77,8 +132,11 @@ CASES = [  # (label, old kernel kwargs, new kernel kwargs)
     ("fp8 linear M64", dict(fmt=1, bm=64, bn=64, bk=64, nw=4, ns=3), dict(fmt=1, bm=64, bn=64, bk=128)),
     ("fp8 linear M16", dict(fmt=1, bm=16, bn=64, bk=128, nw=4, ns=3), dict(fmt=1, bm=16, bn=64, bk=128)),
     ("mxfp4 moe GEMM1 (12 rows/expert)", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True),
-     dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, swiglu=True, xidx=True, limit=True)),
+     dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, swiglu=True, xidx=True, limit=True, planes=True)),
     ("mxfp4 moe GEMM2 (12 rows/expert)", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True, hilo=True),
+     dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, hilo=True, yidx=True, planes=True)),
+    # the hi/lo split of a float32 input per K step, as grouped_linear still launches it
+    ("mxfp4 GEMM2, float32 input split", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True, hilo=True),
      dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, hilo=True, yidx=True)),
 ]
 # every other constexpr combination the ops launch (compile check only)
@@ -86,8 +144,10 @@ EXTRA = [dict(fmt=f, bm=bm, bn=64, bk=32 if kw.get("f32") else 128, **kw) for f 
          for kw in (dict(bias=True), dict(split=3, bias=True), dict(f32=True, split=2), dict(grouped=True, f32=True),
                     dict(grouped=True, hilo=True), dict(grouped=True, split=2),
                     dict(grouped=True, swiglu=True, xidx=True, limit=True),
+                    dict(grouped=True, swiglu=True, xidx=True, limit=True, planes=True),
                     dict(grouped=True, swiglu=True, xidx=True, limit=True, f32=True),
-                    dict(grouped=True, hilo=True, yidx=True), dict(grouped=True, f32=True, yidx=True))]
+                    dict(grouped=True, hilo=True, yidx=True), dict(grouped=True, hilo=True, yidx=True, planes=True),
+                    dict(grouped=True, f32=True, yidx=True))]
 
 
 def main():
@@ -97,7 +157,10 @@ def main():
     for label, old, new in CASES:
         print(f"{label:<34} old: {report(compile_kernel(True, **old))}", flush=True)
         nw, ns = new_opts(new["bm"])
-        print(f"{'':<34} new: {report(compile_kernel(False, nw=nw, ns=ns, **new))}", flush=True)
+        k = compile_kernel(False, nw=nw, ns=ns, **new)
+        print(f"{'':<34} new: {report(k)}", flush=True)
+        elems = new["bn"] * new["bk"] * (2 if new.get("swiglu") else 1)
+        print(f"{'':<34}      {loop_report(k, elems, nw)}", flush=True)
     if a.all:
         for kw in EXTRA:
             nw, ns = new_opts(kw["bm"])

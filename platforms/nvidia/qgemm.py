@@ -4,11 +4,13 @@ pipeline built on them.
 Decode reads each weight once per step and multiplies it by few rows, so these kernels are judged
 by weight bytes per second. What the older kernel in gemm.py did per element and this one does per
 tile:
-- mxfp4 bytes load as [BN, BK/32, 16]: the 32-element scale group is an axis, so one e8m0 byte per
-  group broadcasts in registers (the old kernel gathered a scale byte per element, one load
-  instruction each), and the low/high nibbles interleave back into K order in registers so the
-  activation tile loads contiguously (the old kernel read even and odd columns with stride 2);
-- e2m1 decodes with integer adds and shifts into float32 bits (exact, no float math);
+- mxfp4 bytes load as int32 words [BN, BK/32, 4]: the 32-element scale group is an axis, so one
+  e8m0 byte per group broadcasts in registers (the old kernel gathered a scale byte per element, one
+  load instruction each);
+- e2m1 decodes with two shifts and a mask per element into float32 bits worth e2m1 * 2^-126, and
+  two exact multiplies apply 2^126 times the scale (_e2m1_x8); the bf16 operand is the high half of
+  those bits. Row tiles under 64 (mma.sync) dot the even-K and odd-K halves against the activation's
+  even and odd columns; 64-row tiles interleave them back into K order for one warpgroup MMA;
 - fp8_block128 scales (one power of two per 128 x 128 block) multiply the [BM, BN] partial of each
   K step, not the [BN, BK] weight tile: exact either way, since a power of two commutes with
   rounding, and the weight tile goes straight from e4m3 to the dot's dtype.
@@ -24,7 +26,8 @@ MoE (moe_experts): one tile map serves both expert GEMMs; GEMM1 reads its rows t
 order (no gathered copy of x) and applies the clamp and SwiGLU in its epilogue (it computes the
 gate and the up columns of a tile together), GEMM2 multiplies each row by its routing weight and
 stores it at its (token, slot) place, and one kernel adds the k slots in slot order. float32 stays
-float32 throughout, as the contract asks.
+float32 throughout, as the contract asks. With bf16 activations GEMM2 dots the float32 intermediate
+as bf16 hi + lo parts, which GEMM1's epilogue stores (two bf16 planes, the bytes of one float32).
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ import triton.language as tl
 from shuili.hal.types import Weight
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting, pow2
 from shuili.platforms.nvidia.moe_prep import moe_prep
-from shuili.platforms.nvidia.quant import e4m3_to_f32, e8m0_to_f32
+from shuili.platforms.nvidia.quant import e4m3_to_f32
 
 FMT_ID = {"fp8_block128": 1, "mxfp4": 2}
 BI_TILE = (64, 64, 128)  # BM, BN, BK in batch-invariant mode, for every M
@@ -62,30 +65,59 @@ F32_BK = 32
 
 # ------------------------------------------------------------------------------------ weight tiles
 @triton.jit
-def _e2m1_bits(c):
-    """float32 bits of the e2m1 code c (int32, 0..15). Magnitude codes 2..7 are 2^(e-1) (1 + m/2):
-    exponent field e + 126 and mantissa bit m, i.e. (code + 252) << 22; code 1 is 0.5; code 0 is 0."""
-    mag = c & 7
-    bits = tl.where(mag >= 2, (mag + 252) << 22, tl.where(mag == 1, 0x3F000000, 0))
-    return bits | ((c & 8) << 28)
+def _e2m1_x8(word, sb):
+    """The 8 e2m1 codes of int32 words (byte j: code 2j in the low nibble, 2j + 1 in the high one)
+    times 2^(sb - 127) for e8m0 bytes sb (int32, broadcast against word; 255 = NaN), exact float32:
+    (lo, hi), each [..., 4], lo[..., j] = element 2j, hi[..., j] = element 2j + 1.
+
+    A magnitude m = code & 7 placed as m << 22 is the float32 e2m1(m) * 2^-126 (code 1 lands on the
+    subnormal 2^-127, codes 2..7 on exponent and mantissa), so a code needs two shifts and a mask:
+    (x << s) >> 6 (arithmetic) brings the nibble's sign bit to bit 31 and its magnitude to bits
+    22..24. The 2^126 folds into the scale, 2^(sb - 1), split as f1 * f2 so that neither overflows
+    (2^253 does not fit a float32): f1 = 2^(min(sb, 128) - 1), f2 = 2^(max(sb, 128) - 128) or NaN.
+    Every product is exact or overflows as the reference's does (to inf); small scales give
+    subnormal results, which the multiplies keep (the kernels' FMULs are not flush-to-zero:
+    benchmarks/qgemm_sass.py counts any FTZ op)."""
+    f1 = ((tl.minimum(sb, 128) + 126) << 23).to(tl.float32, bitcast=True)
+    f2 = tl.where(sb == 255, 0x7FC00000, (tl.maximum(sb, 128) - 1) << 23).to(tl.float32, bitcast=True)
+    m = -0x7E400000  # 0x81C00000 written signed: Triton types the literal int32
+    l0 = (((word << 28) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    h0 = (((word << 24) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    l1 = (((word << 20) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    h1 = (((word << 16) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    l2 = (((word << 12) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    h2 = (((word << 8) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    l3 = (((word << 4) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    h3 = ((word >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    # join(join(x0, x2), join(x1, x3))[..., p, q] = x_{2p + q}
+    return tl.join(tl.join(l0, l2), tl.join(l1, l3)), tl.join(tl.join(h0, h2), tl.join(h1, h3))
+
+
+@triton.jit
+def _to_bf16(v):
+    """float32 -> bfloat16 by taking the high half of the bits: exact for values with at most 8
+    significant bits (dequantized e2m1: 2), subnormals included, with no rounding conversion to
+    trust (the interpreter's cast flushes bf16 subnormals)."""
+    return (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
 def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN: tl.constexpr,
                 BK: tl.constexpr):
-    """Weight tile [BN, BK] of an mxfp4 weight (float32, exact), elements in K order."""
+    """Weight tile of an mxfp4 weight (float32, exact) as its even-K and odd-K halves [BN, BK / 2]
+    (low and high nibbles). The bytes load as int32 words [BN, BK/32, 4]: the 32-element scale group
+    is an axis, so one e8m0 byte per group broadcasts in registers. Byte strides are multiples of 4
+    and the data 4-byte aligned (_weight_args)."""
     G: tl.constexpr = BK // 32
     gi = tl.arange(0, G)
-    jj = tl.arange(0, 16)
+    jj = tl.arange(0, 4)
     gk = k0 + gi * 32  # first K of each scale group; K and every chunk bound are multiples of 32
     gok = cok[:, None] & (gk < k_hi)[None, :]  # [BN, G]
-    off = e * s_we + cols[:, None, None] * s_wn + (gk // 2)[None, :, None] + jj[None, None, :]
-    byte = tl.load(w_ptr + off, mask=gok[:, :, None], other=0).to(tl.int32)  # [BN, G, 16]
-    sc = e8m0_to_f32(tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :], mask=gok,
-                             other=127))[:, :, None]
-    lo = _e2m1_bits(byte & 15).to(tl.float32, bitcast=True) * sc
-    hi = _e2m1_bits(byte >> 4).to(tl.float32, bitcast=True) * sc
-    return tl.reshape(tl.join(lo, hi), (BN, BK))  # low nibble = even K
+    off = e * (s_we // 4) + cols[:, None, None] * (s_wn // 4) + (gk // 8)[None, :, None] + jj[None, None, :]
+    word = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + off, mask=gok[:, :, None], other=0)  # [BN, G, 4]
+    sb = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :], mask=gok, other=127)
+    lo, hi = _e2m1_x8(word, sb.to(tl.int32)[:, :, None])  # [BN, G, 4, 4] each
+    return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
 
 
 @triton.jit
@@ -100,15 +132,18 @@ def _fp8_tile(w_ptr, e, cols, cok, kk, kok, s_we, s_wn, NATIVE_FP8: tl.constexpr
 
 
 @triton.jit
-def _dot(acc, a, w, F32: tl.constexpr, HILO: tl.constexpr):
+def _dot(acc, a, al, w, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr):
     """acc + a @ w^T. F32: float32 operands, IEEE dot. HILO: float32 a against a bf16 weight as two
-    bf16 dots (hi + lo parts of a: about 16 of its 24 bits)."""
+    bf16 dots (hi + lo parts of a: about 16 of its 24 bits); PLANES: a and al are those parts."""
     wt = tl.trans(w)
     if F32:
         out = tl.dot(a, wt, acc, input_precision="ieee")
     elif HILO:
-        hi = a.to(tl.bfloat16)
-        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+        hi = a
+        lo = al
+        if not PLANES:
+            hi = a.to(tl.bfloat16)
+            lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
         out = tl.dot(lo, wt, tl.dot(hi, wt, acc))
     else:
         out = tl.dot(a, wt, acc)
@@ -116,40 +151,49 @@ def _dot(acc, a, w, F32: tl.constexpr, HILO: tl.constexpr):
 
 
 @triton.jit
-def _k_step(acc, a, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
-            FMT: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, NATIVE_FP8: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
+            FMT: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr,
+            NATIVE_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+            EVEN_ODD: tl.constexpr):
+    """acc + a @ W[e, cols, k0:k0+BK]^T (al: a's lo part, see _dot). EVEN_ODD (mxfp4): as
+    ae @ W_even^T + ao @ W_odd^T, where ae, ao [BM, BK/2] are a's even and odd columns (ale, alo:
+    al's)."""
+    wt = a.dtype
+    if HILO:
+        wt = tl.bfloat16
     if FMT == 1:
         kk = k0 + tl.arange(0, BK)
-        w = _fp8_tile(w_ptr, e, cols, cok, kk, kk < k_hi, s_we, s_wn, NATIVE_FP8)
-    else:
-        w = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK)
-    if HILO:
-        w = w.to(tl.bfloat16)
-    else:
-        w = w.to(a.dtype)
-    if FMT == 1:
+        w = _fp8_tile(w_ptr, e, cols, cok, kk, kk < k_hi, s_we, s_wn, NATIVE_FP8).to(wt)
         sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + k0 // 128, mask=cok, other=0.0)
-        part = _dot(tl.zeros([BM, BN], tl.float32), a, w, F32, HILO)
+        part = _dot(tl.zeros([BM, BN], tl.float32), a, al, w, F32, HILO, PLANES)
         out = acc + part * sc[None, :]
     else:
-        out = _dot(acc, a, w, F32, HILO)
+        lo, hi = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK)
+        if wt == tl.bfloat16:
+            lo = _to_bf16(lo)
+            hi = _to_bf16(hi)
+        if EVEN_ODD:
+            out = _dot(_dot(acc, ae, ale, lo.to(wt), F32, HILO, PLANES), ao, alo, hi.to(wt), F32, HILO, PLANES)
+        else:
+            w = tl.reshape(tl.join(lo, hi), (BN, BK))  # low nibble = even K
+            out = _dot(acc, a, al, w.to(wt), F32, HILO, PLANES)
     return out
 
 
 # ------------------------------------------------------------------------------------------ kernel
 @triton.jit
 def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_ptr, t0_ptr, t1_ptr,
-                  M, N, K, KC, UP, TOPK, s_xm, s_ym, s_we, s_wn, s_se, s_sn, limit,
+                  M, N, K, KC, UP, TOPK, s_xm, s_ym, s_we, s_wn, s_se, s_sn, s_plane, limit,
                   FMT: tl.constexpr, GROUPED: tl.constexpr, X_IDX: tl.constexpr, Y_IDX: tl.constexpr,
                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr,
-                  F32: tl.constexpr, HILO: tl.constexpr, NATIVE_FP8: tl.constexpr, SPLIT: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                  F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr, NATIVE_FP8: tl.constexpr,
+                  SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """y[rows, cols] = x[rows] @ W[e, cols]^T over K chunk program_id(2).
     GROUPED: program_id(0) indexes the tile map (group, first row, end row; group -1 = unused).
     X_IDX: row r reads x[xi[r] // TOPK]. SWIGLU: N is I; also computes columns cols + UP and stores
     silu(min(g, limit)) * clamp(u, -limit, limit). Y_IDX: row r is stored, times yw[yi[r]], at row
-    yi[r] of y. SPLIT > 1: float32 partials [SPLIT, M, N] into y."""
+    yi[r] of y. SPLIT > 1: float32 partials [SPLIT, M, N] into y. PLANES: float32 values travel as
+    bf16 hi and lo parts s_plane elements apart; SWIGLU stores its output so, HILO reads x so."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
@@ -175,15 +219,31 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
     acc_u = tl.zeros([BM, BN], tl.float32)
     k_lo = tl.program_id(2) * KC
     k_hi = tl.minimum(k_lo + KC, K)
+    # mma.sync tiles (below 64 rows) take mxfp4 as two dots over the even and odd K: their operand
+    # layout then holds each thread's nibbles in its own registers (the K-order interleave cost
+    # register moves); 64-row warpgroup MMAs read the weight from shared memory, interleaved
+    EVEN_ODD: tl.constexpr = FMT == 2 and BM < 64
     for k0 in range(k_lo, k_hi, BK):
         kk = k0 + tl.arange(0, BK)
-        a = tl.load(x_ptr + src[:, None] * s_xm + kk[None, :], mask=rok[:, None] & (kk < k_hi)[None, :],
-                    other=0.0)
-        acc = _k_step(acc, a, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
-                      FMT, F32, HILO, NATIVE_FP8, BM, BN, BK)
+        xo = src[:, None] * s_xm + kk[None, :]
+        xok = rok[:, None] & (kk < k_hi)[None, :]
+        a = tl.load(x_ptr + xo, mask=xok, other=0.0)
+        al = a
+        if HILO and PLANES:
+            al = tl.load(x_ptr + s_plane + xo, mask=xok, other=0.0)
+        ae = a
+        ao = a
+        ale = al
+        alo = al
+        if EVEN_ODD:
+            ae, ao = tl.split(tl.reshape(a, (BM, BK // 2, 2)))
+            if HILO and PLANES:
+                ale, alo = tl.split(tl.reshape(al, (BM, BK // 2, 2)))
+        acc = _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se,
+                      s_sn, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD)
         if SWIGLU:
-            acc_u = _k_step(acc_u, a, w_ptr, s_ptr, e, cols + UP, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
-                            FMT, F32, HILO, NATIVE_FP8, BM, BN, BK)
+            acc_u = _k_step(acc_u, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols + UP, cok, k0, k_hi, s_we,
+                            s_wn, s_se, s_sn, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD)
     ok = rok[:, None] & cok[None, :]
     if SPLIT > 1:
         part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
@@ -203,7 +263,14 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
             acc = acc * tl.load(yw_ptr + dst, mask=rok, other=0.0)[:, None]
         else:
             dst = rows.to(tl.int64)
-        tl.store(y_ptr + dst[:, None] * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=ok)
+        yo = dst[:, None] * s_ym + cols[None, :]
+        if SWIGLU and PLANES:
+            # the split _dot does per K step when it reads float32, done once here (same bits)
+            hi = acc.to(tl.bfloat16)
+            tl.store(y_ptr + yo, hi, mask=ok)
+            tl.store(y_ptr + s_plane + yo, (acc - hi.to(tl.float32)).to(tl.bfloat16), mask=ok)
+        else:
+            tl.store(y_ptr + yo, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -240,6 +307,8 @@ def supports(w: Weight) -> bool:
 def _weight_args(w: Weight, grouped: bool):
     """(data, scale, expert stride, row stride, scale expert stride, scale row stride)."""
     data = as_u8(w.data).contiguous()
+    if w.format == "mxfp4" and data.data_ptr() % 4:
+        data = data.clone()  # the kernel reads 4-byte words (a view at an odd offset)
     if grouped and data.dim() != 3:
         raise ValueError(f"grouped weights are [E, N, ...]; got data {tuple(data.shape)}")
     scale = w.scale.contiguous()
@@ -273,8 +342,9 @@ def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
 
 
 def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None, yw=None, swiglu=False,
-            limit=None, hilo=False, batch_invariant=False, bm=None):
-    """One qgemm launch (plus the ordered split-K sum where K is split). Returns y."""
+            limit=None, hilo=False, batch_invariant=False, bm=None, plane=0):
+    """One qgemm launch (plus the ordered split-K sum where K is split). Returns y. plane > 0: the
+    SwiGLU output (y) or the hi/lo input (x) is bf16 hi and lo planes that many elements apart."""
     m, k = x.shape[0], w.shape[-1]
     grouped = tiles is not None
     n = w.shape[-2] // 2 if swiglu else w.shape[-2]
@@ -301,11 +371,11 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
     _qgemm_kernel[(nt, cdiv(n, bn), split)](
         x, xi if xi is not None else x, data, scale, bias if bias is not None else x, out,
         yi if yi is not None else x, yw if yw is not None else x, te, t0, t1,
-        m, n, k, kc, n, topk, x.stride(0), y.stride(0), s_we, s_wn, s_se, s_sn,
+        m, n, k, kc, n, topk, x.stride(0), y.stride(0), s_we, s_wn, s_se, s_sn, plane,
         float(limit) if limit is not None else 0.0,
         FMT=FMT_ID[w.format], GROUPED=grouped, X_IDX=xi is not None, Y_IDX=yi is not None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
-        NATIVE_FP8=not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
+        PLANES=plane > 0, NATIVE_FP8=not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
         num_warps=NUM_WARPS or (4 if bm <= 16 else 8), num_stages=NUM_STAGES or (4 if bm <= 16 else 3))
     if split > 1:
         block = 1024
@@ -341,12 +411,19 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     bm = group_bm(t * k, e, batch_invariant)
     order, _, tiles = moe_prep(flat, e, bm)
     inter = w13.shape[1] // 2
-    a = torch.empty(t * k, inter, dtype=torch.float32, device=x.device)
+    hilo = x.dtype != torch.float32
+    if hilo:
+        # GEMM2 dots the float32 intermediate as bf16 hi + lo parts; GEMM1 stores them, so GEMM2's
+        # programs (one per column tile, each reading all of it) do not split it every K step
+        planes = torch.empty(2, t * k, inter, dtype=torch.bfloat16, device=x.device)
+        a, plane = planes[0], planes.stride(0)
+    else:
+        a, plane = torch.empty(t * k, inter, dtype=torch.float32, device=x.device), 0
     _launch(x.contiguous(), w13, a, tiles=tiles, xi=order, topk=k, swiglu=True, limit=swiglu_limit,
-            batch_invariant=batch_invariant, bm=bm)
+            batch_invariant=batch_invariant, bm=bm, plane=plane)
     parts = torch.empty(t * k, d, dtype=torch.float32, device=x.device)
     _launch(a, w2, parts, tiles=tiles, yi=order, yw=topk_weights.float().reshape(-1).contiguous(),
-            hilo=x.dtype != torch.float32, batch_invariant=batch_invariant, bm=bm)
+            hilo=hilo, batch_invariant=batch_invariant, bm=bm, plane=plane)
     block = min(1024, pow2(d))
     _combine_kernel[(t, cdiv(d, block))](parts, out, d, TOPK=k, BLOCK=block)
     return out

@@ -2,8 +2,13 @@
 run-to-run and batch-invariant bits, and the fused MoE pipeline (GPU, or TRITON_INTERPRET on CPU)."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from shuili.hal.types import Weight
 from shuili.platforms.nvidia import gemm, qgemm
+from shuili.platforms.nvidia.moe_prep import moe_prep
+from shuili.platforms.reference import quant
 from shuili.platforms.reference.ops import OPS as REF
 
 from test_kernels import DTYPES, TOL, g, on, rel, rnd, weight
@@ -98,3 +103,109 @@ def test_qgrouped(device, fmt):
     for bi in (False, True):
         got = gemm.grouped_linear(x.to(device), on(w, device, torch.float32), sizes.to(device), batch_invariant=bi)
         assert rel(got, REF["grouped_linear"](x, w, sizes)) < TOL[torch.float32]
+
+
+@triton.jit
+def _decode_kernel(w_ptr, s_ptr, f_ptr, b_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    word = tl.load(w_ptr + r[:, None] * 4 + tl.arange(0, 4)[None, :])  # [N, 4] int32: 32 codes a row
+    sb = tl.load(s_ptr + r).to(tl.int32)[:, None]
+    lo, hi = qgemm._e2m1_x8(word, sb)
+    v = tl.reshape(tl.join(lo, hi), (N, 32))  # K order
+    c = tl.arange(0, 32)
+    tl.store(f_ptr + r[:, None] * 32 + c[None, :], v)
+    tl.store(b_ptr + r[:, None] * 32 + c[None, :], qgemm._to_bf16(v))
+
+
+def test_mxfp4_decode_every_code_and_scale(device):
+    """The dequantized mxfp4 operand is exactly the reference's e2m1 x 2^(s - 127), as float32 and as
+    the bf16 the dots take, for all 16 codes at every e8m0 byte: 0 (2^-127, subnormal results),
+    1..2 (subnormal code 1), 128..130 (the scale split), 253..254 (overflow to inf), 255 (NaN)."""
+    n = 256
+    codes = torch.arange(16, dtype=torch.uint8).repeat(n, 2)  # [n, 32]
+    data = codes[:, 0::2] | (codes[:, 1::2] << 4)  # [n, 16] bytes, low nibble = even K
+    scale = torch.arange(n, dtype=torch.uint8)[:, None]
+    want = quant.dequantize_weight(Weight("mxfp4", data, scale, (n, 32)))
+    f = torch.empty(n, 32, device=device)
+    b = torch.empty(n, 32, dtype=torch.bfloat16, device=device)
+    _decode_kernel[(1,)](data.to(device).view(torch.int32), scale.to(device), f, b, N=n)
+    f, b = f.cpu(), b.cpu()
+    nan = torch.isnan(want)
+    assert nan[255].all() and nan.sum() == 32 and torch.isnan(f[255]).all() and torch.isnan(b[255]).all()
+    assert torch.equal(f[:255].view(torch.int32), want[:255].view(torch.int32))
+    assert torch.equal(b[:255].view(torch.int16), want[:255].to(torch.bfloat16).view(torch.int16))
+    assert torch.isinf(want[254]).sum() == 16 and (want[0] != 0).sum() == 28  # the edges are in range
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bi", [False, True])
+def test_qlinear_mxfp4_extreme_scales(device, dtype, bi):
+    """Columns whose e8m0 scales are 0 and 1 (weights near 2^-127: subnormal products), 129..140 (above
+    the 2^127 a single float32 factor holds), 255 (NaN) and ordinary ones, against the reference column
+    by column (the whole-matrix norm would hide the tiny columns). The decode before this one read
+    scale byte 0 as 0 (not 2^-127) and 255 as inf."""
+    n, k = 8, 64
+    data = torch.randint(0, 256, (n, k // 2), generator=g(50)).to(torch.uint8)
+    scale = torch.tensor([[0, 0], [1, 0], [1, 1], [129, 140], [255, 120], [127, 118], [128, 0], [100, 130]],
+                         dtype=torch.uint8)
+    w = Weight("mxfp4", data, scale, (n, k))
+    x = (rnd(5, k, seed=51) * 2.0 ** 100).to(dtype)  # the 2^-127-sized columns come out near 2^-25
+    want = REF["linear"](x.float(), w, None)
+    got = gemm.linear(x.to(device), on(w, device, dtype), None, batch_invariant=bi).float().cpu()
+    assert torch.isnan(want[:, 4]).all() and torch.isnan(got[:, 4]).all()
+    for c in (0, 1, 2, 3, 5, 6, 7):
+        assert want[:, c].abs().max() > 0 and rel(got[:, c], want[:, c]) < TOL[dtype], c
+
+
+def test_qgrouped_batch_invariant_rows(device):
+    """Batch-invariant grouped GEMM (the 16-row tiles that take mxfp4 as even/odd dots): a row alone in
+    its group gets the bits it gets among the others, whatever the group sizes around it."""
+    sizes = torch.tensor([3, 0, 17, 1, 9])
+    w = on(weight("mxfp4", (5, 64, 256), seed=46), device, torch.float32)
+    x = rnd(int(sizes.sum()), 256, seed=47).to(device)
+    full = gemm.grouped_linear(x, w, sizes.to(device), batch_invariant=True)
+    starts = torch.cumsum(sizes, 0) - sizes
+    for grp, r in ((0, 1), (2, 3), (2, 19), (3, 20), (4, 28)):
+        one = torch.zeros_like(sizes)
+        one[grp] = 1
+        got = gemm.grouped_linear(x[r:r + 1], w, one.to(device), batch_invariant=True)
+        assert starts[grp] <= r < starts[grp] + sizes[grp] and torch.equal(got, full[r:r + 1])
+
+
+def test_qlinear_mxfp4_unaligned_data(device):
+    """mxfp4 bytes are read as 4-byte words: data viewed at an odd byte offset is copied first
+    (qgemm._weight_args), giving the bits of an aligned copy."""
+    w = weight("mxfp4", (40, 256), seed=52)
+    buf = torch.zeros(w.data.numel() + 1, dtype=torch.uint8)
+    buf[1:] = w.data.reshape(-1)
+    odd = Weight("mxfp4", buf.to(device)[1:].view(w.data.shape), w.scale.to(device), w.shape)
+    assert odd.data.data_ptr() % 4
+    x = rnd(3, 256, seed=53).to(device)
+    assert torch.equal(gemm.linear(x, odd, None), gemm.linear(x, on(w, device, torch.float32), None))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("bi", [False, True])
+def test_qmoe_bf16_hi_lo_planes(device, fmt, bi):
+    """bf16 activations: GEMM1 stores the float32 intermediate as bf16 hi and lo planes, GEMM2 dots
+    them. Within tolerance of the reference, and the same bits as GEMM2 splitting a float32
+    intermediate itself every K step (the scheme the planes replace)."""
+    t, e, k, d, inter = 21, 6, 3, 64, 96
+    ids = torch.stack([torch.randperm(e, generator=g(210 + i))[:k] for i in range(t)]).to(device)
+    wts = torch.softmax(rnd(t, k, seed=48), -1).to(device)
+    w13 = on(weight(fmt, (e, 2 * inter, d), seed=49), device, torch.bfloat16)
+    w2 = on(weight(fmt, (e, d, inter), seed=50), device, torch.bfloat16)
+    x = rnd(t, d, seed=51).to(device, torch.bfloat16)
+    got = gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=bi)
+    want = REF["moe_experts"](x.float().cpu(), ids.cpu(), wts.cpu(), on(w13, "cpu", torch.float32),
+                              on(w2, "cpu", torch.float32), 1.5)
+    assert got.dtype == torch.bfloat16 and rel(got, want) < TOL[torch.bfloat16]
+    bm = qgemm.group_bm(t * k, e, bi)
+    order, _, tiles = moe_prep(ids.reshape(-1), e, bm)
+    a = torch.empty(t * k, inter, device=device)
+    qgemm._launch(x, w13, a, tiles=tiles, xi=order, topk=k, swiglu=True, limit=1.5, batch_invariant=bi, bm=bm)
+    parts = torch.empty(t * k, d, device=device)
+    qgemm._launch(a, w2, parts, tiles=tiles, yi=order, yw=wts.reshape(-1), hilo=True, batch_invariant=bi, bm=bm)
+    out = torch.empty_like(got)
+    qgemm._combine_kernel[(t, 1)](parts, out, d, TOPK=k, BLOCK=d)
+    assert torch.equal(got, out)
