@@ -84,22 +84,30 @@ def pack(q: torch.Tensor) -> torch.Tensor:
     return p.view(*lead, panels, NR, k).transpose(-1, -2).contiguous()
 
 
+def _check_panels(panels: torch.Tensor, n: int, k: int) -> None:
+    if panels.shape != (-(-n // NR), k, NR) or panels.dtype != torch.float32 or not panels.is_contiguous():
+        raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not pack an [{n}, {k}] weight")
+
+
+def _threads(m: int, n: int, k: int, threads: int | None) -> int:
+    if m * n * k < (1 << 20):  # below ~1M multiply-adds a thread start costs more than it saves
+        return 1
+    return torch.get_num_threads() if threads is None else threads
+
+
 def gemm(qa: torch.Tensor, sa: torch.Tensor, panels: torch.Tensor, sb: torch.Tensor, n: int,
          threads: int | None = None) -> torch.Tensor:
     """float32 [M, N] = ((qa @ q^T + 0.0) * sa * sb) for qa [M, K] float64 integer grids, sa [M, 1],
     sb [1, N] float64 and `pack(q)`'s panels [ceil(N / NR), K, NR]: numerics.scaled_matmul's bits."""
     lib = _need("gemm")
     m, k = qa.shape
-    if panels.shape != (-(-n // NR), k, NR) or panels.dtype != torch.float32 or not panels.is_contiguous():
-        raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not pack an [{n}, {k}] weight")
+    _check_panels(panels, n, k)
     qa = qa.to(torch.float64).contiguous()
     sa = sa.to(torch.float64).reshape(m).contiguous()
     sb = sb.to(torch.float64).reshape(n).contiguous()
     out = torch.empty(m, n, dtype=torch.float32)
     if m and n:
-        nt = torch.get_num_threads() if threads is None else threads
-        if m * n * k < (1 << 20):  # below ~1M multiply-adds a thread start costs more than it saves
-            nt = 1
+        nt = _threads(m, n, k, threads)
         lib.shuili_fixed_gemm(qa.data_ptr(), sa.data_ptr(), m, k, panels.data_ptr(), sb.data_ptr(), n,
                               out.data_ptr(), nt)
     return out
@@ -112,17 +120,14 @@ def linear(x: torch.Tensor, pa: int, panels: torch.Tensor, sb: torch.Tensor, n: 
     the grids built in the same call."""
     lib = _need("gemm")
     m, k = x.shape
-    if panels.shape != (-(-n // NR), k, NR) or panels.dtype != torch.float32 or not panels.is_contiguous():
-        raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not pack an [{n}, {k}] weight")
+    _check_panels(panels, n, k)
     if x.dtype != torch.float32:
         raise ValueError(f"native.linear takes float32 activations, got {x.dtype}")
     x = x.contiguous()
     sb = sb.to(torch.float64).reshape(n).contiguous()
     out = torch.empty(m, n, dtype=torch.float32)
     if m and n:
-        nt = torch.get_num_threads() if threads is None else threads
-        if m * n * k < (1 << 20):  # below ~1M multiply-adds a thread start costs more than it saves
-            nt = 1
+        nt = _threads(m, n, k, threads)
         if lib.shuili_fixed_linear(x.data_ptr(), m, k, pa, panels.data_ptr(), sb.data_ptr(), n, out.data_ptr(), nt):
             raise MemoryError(f"native.linear: no memory for the [{m}, {k}] float64 activation grid")
     return out
