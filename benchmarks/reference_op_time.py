@@ -7,7 +7,9 @@ prefill is left out), the time per op: process CPU time at one thread (the defau
 with --threads above 1 (CPU time would add the threads up). "other" is the runner's time outside
 the ops (batch building, the sampler's glue).
 
-    python benchmarks/reference_op_time.py [--steps 16] [--batch 16] [--threads 1]
+    python benchmarks/reference_op_time.py [--steps 16] [--batch 16] [--threads 1] [--prefill]
+
+--prefill times the batch's prefill step instead (16 x 32 prompt tokens in one step).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prefill", action="store_true", help="time the prefill step, not the decode steps")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     clock = time.process_time if a.threads == 1 else time.perf_counter
@@ -52,7 +55,7 @@ def main() -> None:
     execute = ModelRunner.execute
 
     def step(self, out, prev=None):
-        decode[0] = all(c.end - c.start == 1 for c in out.chunks)
+        decode[0] = all(c.end - c.start == 1 for c in out.chunks) != a.prefill
         c = clock()
         try:
             return execute(self, out, prev)
@@ -70,7 +73,8 @@ def main() -> None:
     llm.generate(ps, SamplingParams(temperature=0, max_tokens=a.steps + 1, ignore_eos=True))
     n, total = int(spent.pop("steps")), spent.pop("step")
     what = "1 thread" if a.threads == 1 else f"{a.threads} threads, wall time"
-    print(f"{n} decode steps of {a.batch} sequences, {what}, torch {torch.__version__}, "
+    kind = "prefill" if a.prefill else "decode"
+    print(f"{n} {kind} steps of {a.batch} sequences, {what}, torch {torch.__version__}, "
           f"load average {os.getloadavg()[0]:.1f}: {total:.2f} s, {total / n * 1e3:.0f} ms per step")
     for k in sorted(spent, key=lambda k: -spent[k]):
         if spent[k] * 1e3 / n >= 0.5:
