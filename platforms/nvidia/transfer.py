@@ -27,8 +27,7 @@ class CudaTransfer(EventTransfer):
         (cudaHostRegister, mapped + read-only) once per process; unified addressing makes the host
         pointer valid on the device. Registering pins the pages, so the host needs the RAM to hold
         them; they stay registered (and the array alive) for the process's life. Arrays that share a
-        page are fine: only pages not yet registered are registered, since the driver refuses a range
-        that overlaps one it holds (cudaErrorHostMemoryAlreadyRegistered).
+        page are fine: overlapping registrations are merged into one (see `_Registry.register`).
         Any other array (heap memory: a random-weight model's tables) is copied once into page-locked
         memory of its own (cudaHostAlloc, device-readable under unified addressing) instead: heap
         pages are shared with unrelated objects, and the allocator may return them to the system
@@ -70,21 +69,6 @@ def page_span(ptr: int, size: int, page: int = PAGE) -> tuple[int, int]:
     return start, -(-(ptr + max(size, 1)) // page) * page
 
 
-def uncovered(span: tuple[int, int], held: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The parts of `span` that no interval in `held` (sorted, disjoint [start, end)) covers."""
-    lo, hi = span
-    gaps = []
-    for s, e in held:
-        if e <= lo or s >= hi:
-            continue
-        if s > lo:
-            gaps.append((lo, s))
-        lo = max(lo, e)
-    if lo < hi:
-        gaps.append((lo, hi))
-    return gaps
-
-
 class _Registry:
     """The page ranges this process registered with the driver, and the arrays that own them (kept
     alive: unmapping a registered page would leave the device reading whatever is mapped there next)."""
@@ -95,15 +79,34 @@ class _Registry:
         self.lock = threading.Lock()
 
     def register(self, ptr: int, size: int, owner) -> None:
+        """Make [ptr, ptr + size) device-readable inside one registration: the driver refuses a range
+        overlapping one it holds, and a copy (cudaMemcpy) of a span crossing two registrations
+        fails with cudaErrorInvalidValue (the H100 run of 2026-12-05), so registrations the new
+        span overlaps are dropped and their union with it registered as one."""
         with self.lock:
-            for s, e in uncovered(page_span(ptr, size), self.held):
-                err = int(torch.cuda.cudart().cudaHostRegister(s, e - s, _HOST_REGISTER_MAPPED | _HOST_REGISTER_READ_ONLY))
-                if err != 0:
-                    _clear_last_error()
-                    raise RuntimeError(f"cudaHostRegister of {e - s} bytes failed with CUDA error {err}")
-                self.held.append((s, e))
-                self.held.sort()
+            span = page_span(ptr, size)
+            if any(s <= span[0] and span[1] <= e for s, e in self.held):
+                self.owners.append(owner)
+                return
+            hit = [(s, e) for s, e in self.held if s < span[1] and e > span[0]]
+            lo, hi = min([span[0], *(s for s, _ in hit)]), max([span[1], *(e for _, e in hit)])
+            cudart = torch.cuda.cudart()
+            if hit:  # no kernel may read the pages while they are briefly unregistered (load time only)
+                torch.cuda.synchronize()
+            for s, e in hit:
+                self._check(cudart.cudaHostUnregister(s), "cudaHostUnregister", e - s)
+                self.held.remove((s, e))
+            self._check(cudart.cudaHostRegister(lo, hi - lo, _HOST_REGISTER_MAPPED | _HOST_REGISTER_READ_ONLY),
+                        "cudaHostRegister", hi - lo)
+            self.held.append((lo, hi))
+            self.held.sort()
             self.owners.append(owner)
+
+    @staticmethod
+    def _check(err, call: str, size: int) -> None:
+        if int(err) != 0:
+            _clear_last_error()
+            raise RuntimeError(f"{call} of {size} bytes failed with CUDA error {int(err)}")
 
     def keep(self, owner) -> None:
         with self.lock:

@@ -36,38 +36,69 @@ def test_download_waits_for_its_step_only():
     assert still_running
 
 
-def test_page_span_and_uncovered_register_each_page_once():
-    from shuili.platforms.nvidia.transfer import page_span, uncovered
+def test_page_span_covers_whole_pages():
+    from shuili.platforms.nvidia.transfer import page_span
 
     assert page_span(4096 + 10, 5) == (4096, 8192)
     assert page_span(4096 + 4090, 10) == (4096, 3 * 4096)  # straddles a page boundary
     assert page_span(8192, 0) == (8192, 3 * 4096)  # an empty array still names its page
-    held = [(0, 4096), (3 * 4096, 4 * 4096)]
-    assert uncovered((0, 4096), held) == []
-    assert uncovered((0, 5 * 4096), held) == [(4096, 3 * 4096), (4 * 4096, 5 * 4096)]
-    assert uncovered((4096, 2 * 4096), held) == [(4096, 2 * 4096)]
 
 
-def test_registry_never_registers_a_page_twice(monkeypatch):
-    """An Engram table's data and scale can share a page; the driver refuses a second registration
-    of it (the H200 run of 2026-12-04 failed so), so the second array registers only new pages."""
+class FakeCudart:
+    """The driver's rules: no page registered twice, unregister takes a registered start."""
+
+    def __init__(self):
+        self.held, self.calls = {}, []
+
+    def cudaHostRegister(self, ptr, size, flags):
+        assert all(ptr + size <= s or ptr >= s + n for s, n in self.held.items()), "page registered twice"
+        self.held[ptr] = size
+        self.calls.append(("reg", ptr, size))
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        assert ptr in self.held, "unregistering a pointer that was never registered"
+        del self.held[ptr]
+        self.calls.append(("unreg", ptr))
+        return 0
+
+    def inside_one(self, ptr, size):
+        return any(s <= ptr and ptr + size <= s + n for s, n in self.held.items())
+
+
+def test_registry_keeps_every_array_inside_one_registration(monkeypatch):
+    """An Engram table's data and scale can share a page. The driver refuses a second registration of
+    a page (the H200 run of 2026-12-04), and a copy across two registrations fails (the H100 run of
+    2026-12-05), so overlapping registrations merge into one and every array stays inside one."""
     from shuili.platforms.nvidia import transfer as tr
 
-    calls = []
-
-    class FakeCudart:
-        def cudaHostRegister(self, ptr, size, flags):
-            assert all(ptr + size <= s or ptr >= s + n for s, n in calls), "page registered twice"
-            calls.append((ptr, size))
-            return 0
-
-    monkeypatch.setattr(tr.torch.cuda, "cudart", lambda: FakeCudart())
+    fake = FakeCudart()
+    monkeypatch.setattr(tr.torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(tr.torch.cuda, "synchronize", lambda: None)
     reg = tr._Registry()
-    reg.register(4096 + 100, 8000, "data")  # pages 1..2
-    reg.register(4096 + 8100, 50, "scale")  # its last page is the data's
-    reg.register(4096 + 8100, 9000, "more")  # pages 2..5: 3, 4 and 5 are new
-    assert calls == [(4096, 8192), (3 * 4096, 3 * 4096)]
-    assert reg.owners == ["data", "scale", "more"]
+    arrays = [(4096 + 100, 8000, "data"),  # pages 1..2
+              (4096 + 8100, 50, "scale"),  # inside the data's pages: no call
+              (4096 + 8100, 9000, "more"),  # pages 2..5: merges with pages 1..2
+              (40 * 4096, 10, "far"),  # apart from the others
+              (4096, 4096, "first page")]  # inside pages 1..5
+    for ptr, size, name in arrays:
+        reg.register(ptr, size, name)
+    assert fake.calls == [("reg", 4096, 8192), ("unreg", 4096), ("reg", 4096, 5 * 4096), ("reg", 40 * 4096, 4096)]
+    assert all(fake.inside_one(ptr, size) for ptr, size, _ in arrays)
+    assert reg.held == [(4096, 6 * 4096), (40 * 4096, 41 * 4096)]
+    assert reg.owners == [name for *_, name in arrays]
+
+
+def test_registry_merges_every_registration_a_span_bridges(monkeypatch):
+    from shuili.platforms.nvidia import transfer as tr
+
+    fake = FakeCudart()
+    monkeypatch.setattr(tr.torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(tr.torch.cuda, "synchronize", lambda: None)
+    reg = tr._Registry()
+    for ptr, size in [(0, 4096), (2 * 4096, 4096), (4 * 4096, 4096), (100, 4 * 4096)]:
+        reg.register(ptr, size, None)
+    assert reg.held == [(0, 5 * 4096)] and fake.held == {0: 5 * 4096}
 
 
 def _read_back(t, arrays):
@@ -79,7 +110,9 @@ def _read_back(t, arrays):
 
 
 # On the H200 (2026-12-04, at 4036f9f) the one test these two replace failed, error text not kept:
-# two arrays sharing a page of a 6,000-byte file. Each now isolates one of its two conditions.
+# two arrays sharing a page of a 6,000-byte file. Each now isolates one of its two conditions. On the
+# H100 (2026-12-05) the first failed with cudaErrorInvalidValue on .cpu(): the second array's bytes lay
+# in two registrations, which a copy may not cross; registrations now merge.
 @cuda
 def test_map_host_reads_two_arrays_sharing_a_page(tmp_path):
     import numpy as np
