@@ -24,6 +24,9 @@ ALLOWED = {("hal/numerics.py", "sqrt64", "sqrt"),  # a first guess, corrected to
            # the load-time bit checks' random inputs, and the compiled loop that repeats numerics' ops
            ("platforms/reference/native.py", "_edge_values", "randn"),
            ("platforms/reference/native.py", "_check_rowops", "randn"),
+           ("platforms/reference/native.py", "_linear_check_rows", "randn"),
+           # the compiled fixed-point linear (native.c's integer sums), checked at load against numerics
+           ("platforms/reference/gemm.py", "fixed_linear", "linear"),
            # the attention check's inputs: both forms see the same ones, whatever their bits
            ("platforms/reference/native.py", "_attention_case", "randn"),
            ("platforms/reference/native.py", "_attention_case", "cumsum"),
