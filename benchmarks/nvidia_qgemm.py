@@ -9,6 +9,7 @@ weights used, activations) + bytes written, over the measured copy rate; "%4.8" 
 over the 4.8 TB/s datasheet rate. Each shape is checked against a float32 torch oracle first.
 
     python benchmarks/nvidia_qgemm.py [--json out.json] [--sweep] [--quick]
+    python benchmarks/nvidia_qgemm.py --sweep-moe | --moe-ab    (MoE tile knobs, qgemm.MOE_TILES)
 """
 from __future__ import annotations
 
@@ -202,6 +203,79 @@ def sweep(bw):
     return out
 
 
+MOE_CANDIDATES = [(bn, bk, nw, ns) for bn in (32, 64, 128) for bk in (64, 128, 256)
+                  for nw, ns in ((4, 4), (2, 4), (4, 3), (8, 3))]
+
+
+def sweep_moe(bw, t=64):
+    """Default-mode MoE at T tokens (16-row tiles), mxfp4: each candidate (BN, BK, warps, stages)
+    for one GEMM with the other at the generic tile (MOE_TILES empty), then the best pair and
+    qgemm's chosen MOE_TILES; printed as they finish."""
+    chosen = dict(qgemm.MOE_TILES)
+    e, k, d, inter = MOE
+    ws = copies(lambda: (rand_weight("mxfp4", (e, 2 * inter, d)), rand_weight("mxfp4", (e, d, inter))),
+                3 * inter * d * e // 2)
+    x = torch.randn(t, d, device=DEV, dtype=BF)
+    ids = torch.stack([torch.randperm(e, device=DEV)[:k] for _ in range(t)])
+    wts = torch.softmax(torch.randn(t, k, device=DEV), -1)
+    ref = gemm.moe_experts(x, ids, wts, *ws[0], 10.0).float()
+
+    def timed(tiles):
+        qgemm.MOE_TILES = dict(tiles)
+        try:
+            err = rel(gemm.moe_experts(x, ids, wts, *ws[0], 10.0).float(), ref)
+            return graph_time([lambda p=p: gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0) for p in ws]), err
+        except Exception as exc:  # noqa: BLE001 (out of resources: record and go on)
+            return None, type(exc).__name__
+        finally:
+            qgemm.MOE_TILES = dict(chosen)
+
+    base, _ = timed({})
+    out, best = [f"sweep-moe T{t} default tiles: {base * 1e6:7.1f} us ({bw:.0f} B/s copy rate)"], {}
+    print(out[0], flush=True)
+    for which in ("gemm1", "gemm2"):
+        best[which] = (base, None)
+        for c in MOE_CANDIDATES:
+            tm, err = timed({which: c})
+            line = f"sweep-moe T{t} {which} BN{c[0]} BK{c[1]} w{c[2]} s{c[3]}: " + (
+                f"{err}" if tm is None else f"{tm * 1e6:7.1f} us, rel err vs default {err:.1e}")
+            out.append(line)
+            print(line, flush=True)
+            if tm is not None and tm < best[which][0]:
+                best[which] = (tm, c)
+    pick = {w: c for w, (_, c) in best.items() if c is not None}
+    both, _ = timed(pick)
+    out.append(f"sweep-moe T{t} best {pick}: {both * 1e6:7.1f} us against {base * 1e6:7.1f} us")
+    print(out[-1], flush=True)
+    return out
+
+
+# the H200 sweep's best pair at T64 (2026-12-05), timed against the generic tile by --moe-ab
+SWEPT_PAIR = {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)}
+
+
+def moe_tiles_ab(ts=(1, 16, 64, 256)):
+    """Default-mode MoE (mxfp4) with qgemm.MOE_TILES (SWEPT_PAIR while it is empty) against the
+    generic tile, alternating, best of two each."""
+    keep = dict(qgemm.MOE_TILES)
+    chosen = keep or SWEPT_PAIR
+    e, k, d, inter = MOE
+    ws = copies(lambda: (rand_weight("mxfp4", (e, 2 * inter, d)), rand_weight("mxfp4", (e, d, inter))),
+                3 * inter * d * e // 2)
+    for t in ts:
+        x = torch.randn(t, d, device=DEV, dtype=BF)
+        ids = torch.stack([torch.randperm(e, device=DEV)[:k] for _ in range(t)])
+        wts = torch.softmax(torch.randn(t, k, device=DEV), -1)
+        res = {"generic": [], "chosen": []}
+        for _ in range(2):
+            for name, tiles in (("generic", {}), ("chosen", chosen)):
+                qgemm.MOE_TILES = dict(tiles)
+                res[name].append(graph_time([lambda p=p: gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0) for p in ws]))
+        qgemm.MOE_TILES = dict(keep)
+        g, c = min(res["generic"]), min(res["chosen"])
+        print(f"moe-ab T{t}: generic {g * 1e6:7.1f} us, {chosen} {c * 1e6:7.1f} us, {g / c:5.2f}x", flush=True)
+
+
 def table(res) -> str:
     out = [f"copy rate {res['copy_GBps']:.0f} GB/s (read+write); graph-replay medians, us",
            f"{'op':<12} {'shape':<26} {'fmt':<6} {'BI':<3} {'new':>7} {'old':>7} {'bf16':>7} {'floor':>6} "
@@ -219,11 +293,16 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also print a sweep of qgemm's default-mode tiles")
+    ap.add_argument("--sweep-moe", action="store_true", help="only the MoE tile sweep (qgemm.MOE_TILES candidates)")
+    ap.add_argument("--moe-ab", action="store_true", help="only qgemm.MOE_TILES against the generic tile")
     ap.add_argument("--quick", action="store_true", help="two linear shapes, M in 1, 64, 256")
     ap.add_argument("--no-bi", action="store_true")
     a = ap.parse_args()
     torch.manual_seed(0)
     bw = copy_rate()
+    if a.sweep_moe or a.moe_ab:
+        sweep_moe(bw) if a.sweep_moe else moe_tiles_ab()
+        raise SystemExit(0)
     extra = sweep(bw) if a.sweep else []
     for line in extra:
         print(line, flush=True)

@@ -58,6 +58,12 @@ BI_GROUP_BM = int(os.environ.get("SHUILI_NVIDIA_QGEMM_BI_GROUP_BM", "16"))
 MAX_BM = 64
 NUM_WARPS = None  # None: 4 warps for 16-row tiles, 8 above (no spills: benchmarks/qgemm_sass.py)
 NUM_STAGES = None  # None: 4 for 16-row tiles, 3 above (shared memory)
+# default-mode MoE launches of 16-row tiles (decode: a few rows per expert): "gemm1" (gate + up +
+# SwiGLU) and "gemm2" (down, weighted scatter) -> (BN, BK, warps, stages); absent: the defaults above.
+# benchmarks/nvidia_qgemm.py --sweep-moe times the candidates. On the H200 (2026-12-05, mid-v4's MoE at
+# T64, mxfp4) {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)} took the pair from 128.1 to 115.8 us;
+# not the default until T1/T16 and the GPU tests and conformance have run with it (docs/performance.md).
+MOE_TILES: dict[str, tuple[int, int, int, int]] = {}
 # float32 activations (IEEE dots, FMA on CUDA cores) take K in steps of 32: at 128 the operand
 # tiles spill by kilobytes per thread
 F32_BK = 32
@@ -342,15 +348,21 @@ def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
 
 
 def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None, yw=None, swiglu=False,
-            limit=None, hilo=False, batch_invariant=False, bm=None, plane=0):
+            limit=None, hilo=False, batch_invariant=False, bm=None, plane=0, tile=None):
     """One qgemm launch (plus the ordered split-K sum where K is split). Returns y. plane > 0: the
-    SwiGLU output (y) or the hi/lo input (x) is bf16 hi and lo planes that many elements apart."""
+    SwiGLU output (y) or the hi/lo input (x) is bf16 hi and lo planes that many elements apart.
+    tile: (BN, BK, warps, stages) in place of the defaults."""
     m, k = x.shape[0], w.shape[-1]
     grouped = tiles is not None
     n = w.shape[-2] // 2 if swiglu else w.shape[-2]
     data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
     bm0, bn, bk = tiles_for(m, w.format, batch_invariant)
     bm = bm or bm0
+    warps, stages = NUM_WARPS or (4 if bm <= 16 else 8), NUM_STAGES or (4 if bm <= 16 else 3)
+    if tile is not None:
+        bn, bk, warps, stages = tile
+        if w.format == "fp8_block128" and 128 % bk:
+            raise ValueError(f"qgemm tile {tile}: fp8_block128 needs a BK dividing 128 (one scale per K step)")
     if x.dtype == torch.float32 and not hilo:
         bk = F32_BK
     if grouped:
@@ -376,7 +388,7 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
         FMT=FMT_ID[w.format], GROUPED=grouped, X_IDX=xi is not None, Y_IDX=yi is not None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
         PLANES=plane > 0, NATIVE_FP8=not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
-        num_warps=NUM_WARPS or (4 if bm <= 16 else 8), num_stages=NUM_STAGES or (4 if bm <= 16 else 3))
+        num_warps=warps, num_stages=stages)
     if split > 1:
         block = 1024
         _split_sum_kernel[(cdiv(m * n, block),)](out, bias if bias is not None else out, y, m, n, y.stride(0),
@@ -410,6 +422,7 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     check(flat, in_range(0, e), f"moe_experts: topk_ids must lie in [0, {e})")
     bm = group_bm(t * k, e, batch_invariant)
     order, _, tiles = moe_prep(flat, e, bm)
+    tile1, tile2 = (None, None) if batch_invariant or bm != 16 else (MOE_TILES.get("gemm1"), MOE_TILES.get("gemm2"))
     inter = w13.shape[1] // 2
     hilo = x.dtype != torch.float32
     if hilo:
@@ -420,10 +433,10 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     else:
         a, plane = torch.empty(t * k, inter, dtype=torch.float32, device=x.device), 0
     _launch(x.contiguous(), w13, a, tiles=tiles, xi=order, topk=k, swiglu=True, limit=swiglu_limit,
-            batch_invariant=batch_invariant, bm=bm, plane=plane)
+            batch_invariant=batch_invariant, bm=bm, plane=plane, tile=tile1)
     parts = torch.empty(t * k, d, dtype=torch.float32, device=x.device)
     _launch(a, w2, parts, tiles=tiles, yi=order, yw=topk_weights.float().reshape(-1).contiguous(),
-            hilo=hilo, batch_invariant=batch_invariant, bm=bm, plane=plane)
+            hilo=hilo, batch_invariant=batch_invariant, bm=bm, plane=plane, tile=tile2)
     block = min(1024, pow2(d))
     _combine_kernel[(t, cdiv(d, block))](parts, out, d, TOPK=k, BLOCK=block)
     return out

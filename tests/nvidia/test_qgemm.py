@@ -209,3 +209,30 @@ def test_qmoe_bf16_hi_lo_planes(device, fmt, bi):
     out = torch.empty_like(got)
     qgemm._combine_kernel[(t, 1)](parts, out, d, TOPK=k, BLOCK=d)
     assert torch.equal(got, out)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("tile", [(32, 64, 2, 4), (128, 256, 8, 3)])
+def test_qmoe_tile_overrides(device, fmt, tile, monkeypatch):
+    """qgemm.MOE_TILES (the knobs benchmarks/nvidia_qgemm.py --sweep-moe tunes) replace BN, BK, warps
+    and stages of both default-mode MoE GEMMs: within tolerance with each, and passed to the launch."""
+    t, e, k, d, inter = 21, 6, 3, 64, 320  # I = 320: partial BK steps in GEMM2 and partial BN tiles
+    ids = torch.stack([torch.randperm(e, generator=g(220 + i))[:k] for i in range(t)]).to(device)
+    wts = torch.softmax(rnd(t, k, seed=52), -1).to(device)
+    w13 = on(weight(fmt, (e, 2 * inter, d), seed=53), device, torch.bfloat16)
+    w2 = on(weight(fmt, (e, d, inter), seed=54), device, torch.bfloat16)
+    x = rnd(t, d, seed=55).to(device, torch.bfloat16)
+    want = REF["moe_experts"](x.float().cpu(), ids.cpu(), wts.cpu(), on(w13, "cpu", torch.float32),
+                              on(w2, "cpu", torch.float32), 1.5)
+    seen, launch = [], qgemm._launch
+    monkeypatch.setattr(qgemm, "_launch", lambda *a, **kw: seen.append(kw.get("tile")) or launch(*a, **kw))
+    monkeypatch.setattr(qgemm, "MOE_TILES", {"gemm1": tile, "gemm2": tile})
+    if fmt == "fp8_block128" and 128 % tile[1]:  # a K step would span two weight scales
+        with pytest.raises(ValueError, match="BK dividing 128"):
+            gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=False)
+        return
+    got = gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=False)
+    assert seen == [tile, tile] and rel(got, want) < TOL[torch.bfloat16]
+    seen.clear()
+    gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=True)  # fixed tiles in this mode
+    assert seen == [None, None]
