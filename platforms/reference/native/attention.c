@@ -181,7 +181,7 @@ typedef struct {
 } item_t;
 
 typedef struct { /* one thread's buffers, sized for the longest key range */
-    double *qkt;   /* [D][keys] key grids, transposed: the logit loop runs along keys */
+    double *qk;    /* [keys][D] key grids: gridded with unit-stride stores, dotted along D */
     double *qv;    /* [keys][Dv] value grids */
     double *sbk;   /* [keys] key grid scales 2^(e - pb) */
     double *vsc;   /* [keys] 2^ev: value row exponents moved onto p's columns */
@@ -203,7 +203,7 @@ static inline int64_t slot_of(const args_t *a, int64_t b, int64_t j) {
 }
 
 /* key j's grids into row jj of the scratch; returns whether its value row is finite, -1 for a bad slot */
-static int grid_key(const args_t *a, scratch_t *s, int64_t b, int64_t kv, int64_t j, int64_t jj, int64_t nk) {
+static int grid_key(const args_t *a, scratch_t *s, int64_t b, int64_t kv, int64_t j, int64_t jj) {
     int64_t slot = slot_of(a, b, j);
     if (slot < 0) return -1;
     const float *kr = a->kc + (slot * a->kvh + kv) * a->d;
@@ -211,7 +211,8 @@ static int grid_key(const args_t *a, scratch_t *s, int64_t b, int64_t kv, int64_
     int64_t ek = bound_of(absmax_f(kr, a->d));
     double up = pow2c(a->pb - ek);
     s->sbk[jj] = pow2c(ek - a->pb);
-    for (int64_t x = 0; x < a->d; ++x) s->qkt[x * nk + jj] = nearbyint((double)kr[x] * up);
+    double *qk = s->qk + jj * a->d;
+    for (int64_t x = 0; x < a->d; ++x) qk[x] = nearbyint((double)kr[x] * up);
     double mv = absmax_f(vr, a->dv);
     int64_t ev = bound_of(mv);
     double vup = pow2(PV_BITS - ev);
@@ -221,38 +222,35 @@ static int grid_key(const args_t *a, scratch_t *s, int64_t b, int64_t kv, int64_
     return isfinite(mv) ? 1 : 0;
 }
 
-static void logits(const args_t *a, scratch_t *s, const float *qr, int64_t off, int64_t cnt, int64_t nk) {
-    int64_t eq = bound_of(absmax_f(qr, a->d));
+static inline double hsum4(v4d v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+
+/* R keys' dots with the query grid, each along D in 4 lanes (exact: any order has the sum's bits) */
+#define KEY_DOTS(R)                                                                        \
+    for (; j0 + R <= cnt; j0 += R) {                                                       \
+        const double *k0 = s->qk + (off + j0) * d;                                         \
+        v4d ac[R];                                                                         \
+        for (int r = 0; r < R; ++r) ac[r] = splat4(0.0);                                   \
+        int64_t x = 0;                                                                     \
+        for (; x + 4 <= d; x += 4) {                                                       \
+            v4d qx = load4(s->qq + x);                                                     \
+            for (int r = 0; r < R; ++r) ac[r] = madd4(qx, load4(k0 + r * d + x), ac[r]);  \
+        }                                                                                  \
+        for (int r = 0; r < R; ++r) {                                                      \
+            double t = hsum4(ac[r]);                                                       \
+            for (int64_t y = x; y < d; ++y) t += s->qq[y] * k0[r * d + y];                 \
+            acc[j0 + r] = t;                                                               \
+        }                                                                                  \
+    }
+
+static void logits(const args_t *a, scratch_t *s, const float *qr, int64_t off, int64_t cnt) {
+    int64_t d = a->d;
+    int64_t eq = bound_of(absmax_f(qr, d));
     double up = pow2c(a->pa - eq), sa = pow2c(eq - a->pa);
-    for (int64_t x = 0; x < a->d; ++x) s->qq[x] = nearbyint((double)qr[x] * up);
+    for (int64_t x = 0; x < d; ++x) s->qq[x] = nearbyint((double)qr[x] * up);
     double *acc = s->acc;
     int64_t j0 = 0;
-    for (; j0 + 16 <= cnt; j0 += 16) { /* 16 keys' sums in registers along D */
-        v4d a0 = splat4(0.0), a1 = a0, a2 = a0, a3 = a0;
-        const double *kx = s->qkt + off + j0;
-        for (int64_t x = 0; x < a->d; ++x, kx += nk) {
-            v4d qx = splat4(s->qq[x]);
-            a0 = madd4(qx, load4(kx), a0);
-            a1 = madd4(qx, load4(kx + 4), a1);
-            a2 = madd4(qx, load4(kx + 8), a2);
-            a3 = madd4(qx, load4(kx + 12), a3);
-        }
-        store4(acc + j0, a0);
-        store4(acc + j0 + 4, a1);
-        store4(acc + j0 + 8, a2);
-        store4(acc + j0 + 12, a3);
-    }
-    for (; j0 + 4 <= cnt; j0 += 4) {
-        v4d a0 = splat4(0.0);
-        const double *kx = s->qkt + off + j0;
-        for (int64_t x = 0; x < a->d; ++x, kx += nk) a0 = madd4(splat4(s->qq[x]), load4(kx), a0);
-        store4(acc + j0, a0);
-    }
-    for (int64_t j = j0; j < cnt; ++j) {
-        double t = 0.0;
-        for (int64_t x = 0; x < a->d; ++x) t += s->qq[x] * s->qkt[x * nk + off + j];
-        acc[j] = t;
-    }
+    KEY_DOTS(8)
+    KEY_DOTS(1)
     for (int64_t j = 0; j < cnt; ++j) s->lg[j] = (float)(((acc[j] + 0.0) * sa) * s->sbk[off + j]) * a->scale;
 }
 
@@ -341,9 +339,9 @@ static int attend(const args_t *a, const item_t *it, scratch_t *s) {
     int64_t len = a->lens[b], first = len - (a->qsl[b + 1] - a->qsl[b]);
     int64_t lo0 = window_lo(first, a->window);
     int64_t klo = window_lo(first + it->i0, a->window), khi = first + it->i1;
-    int64_t nk = khi - klo, nbad = 0;
+    int64_t nbad = 0;
     for (int64_t j = klo; j < khi; ++j) {
-        int ok = grid_key(a, s, b, kv, j, j - klo, nk);
+        int ok = grid_key(a, s, b, kv, j, j - klo);
         if (ok < 0) return -2;
         if (!ok) s->bad[nbad++] = j;
     }
@@ -358,7 +356,7 @@ static int attend(const args_t *a, const item_t *it, scratch_t *s) {
         poison(a, s, b, kv, nbad, lo, pos);
         for (int64_t hh = 0; hh < g; ++hh) {
             int64_t head = kv * g + hh;
-            logits(a, s, a->q + (row * a->h + head) * a->d, lo - klo, cnt, nk);
+            logits(a, s, a->q + (row * a->h + head) * a->d, lo - klo, cnt);
             softmax(s, cnt, a->sinks ? a->sinks + head : NULL);
             weighted(a, s, lo - klo, cnt, a->out + (row * a->h + head) * a->dv);
         }
@@ -382,7 +380,7 @@ static int scratch_alloc(scratch_t *s, int64_t keys, int64_t d, int64_t dv) {
 }
 
 static void scratch_free(scratch_t *s) {
-    free(s->qkt);
+    free(s->qk);
     free(s->lg);
     free(s->bad);
     free(s->poison);
