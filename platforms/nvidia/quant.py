@@ -30,7 +30,12 @@ def pow2_f32(e):
 
 @triton.jit
 def e8m0_to_f32(s):
-    return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    """e8m0 bytes -> float32 2^(s - 127), as the reference decodes them (quant.e8m0_to_float): byte 0
+    is the subnormal 2^-127, 255 is NaN. The shift alone would read them as 0 and inf."""
+    b = s.to(tl.int32) & 255
+    bits = tl.where(b == 0, 0x00400000, b << 23)
+    bits = tl.where(b == 255, 0x7FC00000, bits)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
