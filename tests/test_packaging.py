@@ -45,7 +45,8 @@ def test_wheel_installs_one_namespace_and_nothing_named_core(tmp_path):
             "assert any(p['name'] == 'reference' and p['available'] for p in d['platforms']);"
             # the compiled loops' sources ship in the wheel (native.py builds them on first use)
             "from shuili.platforms.reference import native;"
-            "assert all((native._DIR / src).is_file() for src, _ in native._LIBS.values()), native._DIR")
+            "assert all((native._DIR / src).is_file() for src, _ in native._LIBS.values()), native._DIR;"
+            "assert (native._DIR / 'numerics.h').is_file(), 'the shared header is missing from the wheel'")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(target)
     # run from an empty folder so the source checkout cannot be imported by accident

@@ -192,7 +192,8 @@ def _load(name: str) -> tuple[ctypes.CDLL, Path]:
     src_name, flags = _LIBS[name]
     src = _DIR / src_name
     omp = _torch_openmp()
-    key = hashlib.sha256(b"\0".join([src.read_bytes(), version.encode(), _cpu_flags().encode(),
+    headers = [h.read_bytes() for h in sorted(_DIR.glob("*.h"))]  # numerics.h: shared by every library
+    key = hashlib.sha256(b"\0".join([src.read_bytes(), *headers, version.encode(), _cpu_flags().encode(),
                                      platform.machine().encode(), " ".join(flags + omp).encode()])
                          ).hexdigest()[:16]
     out = _cache_dir() / f"{src.stem}-{key}.so"
@@ -252,7 +253,8 @@ def _build(cc: str, src: Path, extra: list[str], omp: list[str], out: Path) -> N
         errors = []
         # some compilers (and ARM gcc) refuse -march=native; clang may lack OpenMP: pthreads then
         for flags in (["-march=native", "-fopenmp", *omp], ["-fopenmp", *omp], ["-march=native"], []):
-            cmd = [cc, "-O3", "-fPIC", "-shared", "-pthread", "-fno-fast-math", *extra, *flags, str(src), "-o", tmp, "-lm"]
+            cmd = [cc, "-O3", "-fPIC", "-shared", "-pthread", "-fno-fast-math", f"-I{_DIR}", *extra, *flags, str(src),
+                   "-o", tmp, "-lm"]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if r.returncode == 0:
                 os.replace(tmp, out)  # atomic: a concurrent builder's file is equally good

@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "numerics.h"
 #ifdef __FMA__
 #include <immintrin.h>
 #endif
@@ -48,29 +50,6 @@ int shuili_attention_init(const double *exp_c, int n_exp, double ln2_hi, double 
     LN2_LO = ln2_lo;
     INV_LN2 = inv_ln2;
     return 0;
-}
-
-static inline int64_t clampi(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
-
-static inline double pow2(int64_t n) { /* numerics.pow2, n in [-1022, 1023] */
-    uint64_t b = (uint64_t)(n + 1023) << 52;
-    double d;
-    memcpy(&d, &b, 8);
-    return d;
-}
-
-static inline double pow2c(int64_t n) { return pow2(clampi(n, -1022, 1023)); }
-
-/* 2^n for an integer-valued double n, from the bits (rowops.c's pow2d) */
-static inline double pow2d(double n) {
-    double t = n + 1023.0 + 0x1p52, one = 0x1p52;
-    uint64_t bt, bo;
-    memcpy(&bt, &t, 8);
-    memcpy(&bo, &one, 8);
-    uint64_t b = (bt - bo) << 52;
-    double d;
-    memcpy(&d, &b, 8);
-    return d;
 }
 
 /* the exact sums' vectors: any order gives their bits, so they may be split in lanes */
@@ -114,29 +93,6 @@ static inline float exp32(float z) {
     return (float)(p * pow2d(n));
 }
 
-/* numerics.exponent_bound from a row's max |x| (nan when the row has one) */
-static inline int64_t bound_of(double m) {
-    if (!(m > 0.0)) return 0;
-    uint64_t b;
-    memcpy(&b, &m, 8);
-    return clampi((int64_t)((b >> 52) & 0x7FF) - 1022, -200, 1023);
-}
-
-/* max |x| of a row, nan when it holds one: the largest of the bit patterns with the sign cleared,
-   which order like the magnitudes, nan above inf (an integer max: it vectorises) */
-static inline double absmax_f(const float *x, int64_t n) {
-    uint32_t m = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        uint32_t b;
-        memcpy(&b, x + i, 4);
-        b &= 0x7FFFFFFFu;
-        m = b > m ? b : m;
-    }
-    float f;
-    memcpy(&f, &m, 4);
-    return m > 0x7F800000u ? NAN : f;
-}
-
 static inline double absmax_d(const double *x, int64_t n) {
     uint64_t m = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -148,20 +104,6 @@ static inline double absmax_d(const double *x, int64_t n) {
     double f;
     memcpy(&f, &m, 8);
     return m > 0x7FF0000000000000ull ? NAN : f;
-}
-
-/* numerics.tree_sum of v[0..n): zero-pad to a power of two, fold the upper half onto the lower */
-static float tree_sum(const float *v, int64_t n, float *buf) {
-    if (n == 0) return 0.0f;
-    int64_t width = 1;
-    while (width < n) width <<= 1;
-    memcpy(buf, v, sizeof(float) * n);
-    for (int64_t i = n; i < width; ++i) buf[i] = 0.0f;
-    while (width > 1) {
-        width >>= 1;
-        for (int64_t i = 0; i < width; ++i) buf[i] = buf[i] + buf[i + width];
-    }
-    return buf[0];
 }
 
 static inline int64_t ceil_log2(int64_t n) { /* numerics.ceil_log2, n >= 1 */

@@ -19,6 +19,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "numerics.h"
+
 #define NR 8
 #define MR 6
 
@@ -268,45 +270,13 @@ void shuili_fixed_gemm(const double *a, const double *sa, int64_t m, int64_t k, 
 #endif
 }
 
-/* 2^n for n in [-1022, 1023], a normal double: exactly numerics.pow2 */
-static double pow2(int n) {
-    uint64_t b = (uint64_t)(n + 1023) << 52;
-    double d;
-    memcpy(&d, &b, 8);
-    return d;
-}
-
 /* The activation side of numerics.to_fixed for one float32 row (bits = pa): sa = 2^(e - pa) and
-   qa[k] = round-half-even((double)x[k] * 2^(pa - e)), e the row's exponent_bound (0 for an all-zero
-   or NaN-holding row, 1023 for an infinite max, else the float64 exponent field of max |x| - 1022
-   clamped to [-200, 1023]); both exponents clamped to [-1022, 1023]. The max is taken on the bit
-   patterns of |x|: for non-NaN values their unsigned order is the order of magnitudes, and NaNs lie
-   above the infinity's pattern, so one integer max (which vectorises) also finds them. */
+   qa[k] = round-half-even((double)x[k] * 2^(pa - e)), e the row's exponent_bound (numerics.h's
+   bound_of of absmax_f), both exponents clamped to [-1022, 1023]. */
 static void row_grid(const float *x, int64_t k, int pa, double *qa, double *sa) {
-    uint32_t top = 0;
-    for (int64_t kk = 0; kk < k; ++kk) {
-        uint32_t b;
-        memcpy(&b, x + kk, 4);
-        b &= 0x7FFFFFFFu;
-        top = b > top ? b : top;
-    }
-    int e = 0;
-    if (top == 0x7F800000u) {
-        e = 1023;
-    } else if (top != 0 && top < 0x7F800000u) {
-        float mf;
-        memcpy(&mf, &top, 4);
-        double md = (double)mf;
-        uint64_t db;
-        memcpy(&db, &md, 8);
-        e = (int)((db >> 52) & 0x7FF) - 1022;
-        if (e < -200) e = -200;
-    }
-    int up = pa - e, down = e - pa;
-    up = up < -1022 ? -1022 : (up > 1023 ? 1023 : up);
-    down = down < -1022 ? -1022 : (down > 1023 ? 1023 : down);
-    double sx = pow2(up);
-    *sa = pow2(down);
+    int64_t e = bound_of(absmax_f(x, k));
+    double sx = pow2c(pa - e);
+    *sa = pow2c(e - pa);
     for (int64_t kk = 0; kk < k; ++kk) qa[kk] = nearbyint((double)x[kk] * sx);
 }
 

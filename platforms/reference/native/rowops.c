@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "numerics.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -33,26 +35,6 @@ int shuili_rowops_init(const double *exp_c, int n_exp, const double *log_c, int 
     INV_LN2 = inv_ln2;
     SQRT2 = sqrt2;
     return 0;
-}
-
-static inline double pow2(int64_t n) { /* numerics.pow2: 2^n from the bits, n in [-1022, 1023] */
-    uint64_t b = (uint64_t)(n + 1023) << 52;
-    double d;
-    memcpy(&d, &b, 8);
-    return d;
-}
-
-/* 2^n for an integer-valued double n in [-1022, 1023], from the bits without a float -> int
-   conversion (AVX2 has none for 64-bit lanes): n + 1023 + 2^52 holds n + 1023 in its low bits */
-static inline double pow2d(double n) {
-    double t = n + 1023.0 + 0x1p52, one = 0x1p52;
-    uint64_t bt, bo;
-    memcpy(&bt, &t, 8);
-    memcpy(&bo, &one, 8);
-    uint64_t b = (bt - bo) << 52;
-    double d;
-    memcpy(&d, &b, 8);
-    return d;
 }
 
 static inline double clampd(double x, double lo, double hi) { /* torch.clamp: nan stays nan */
@@ -98,21 +80,6 @@ static inline double log64(double x) {
     double p = LOG_C[N_LOG - 1];
     for (int i = N_LOG - 2; i >= 0; --i) p = p * s2 + LOG_C[i];
     return (ef * LN2_HI + 2.0 * s * p) + ef * LN2_LO;
-}
-
-/* numerics.tree_sum of v[0..n) in float32: pad to a power of two with zeros, add the upper half
-   onto the lower half until one remains; buf holds the next power of two >= n floats */
-static float tree_sum(const float *v, int64_t n, float *buf) {
-    if (n == 0) return 0.0f;
-    int64_t width = 1;
-    while (width < n) width <<= 1;
-    memcpy(buf, v, sizeof(float) * n);
-    for (int64_t i = n; i < width; ++i) buf[i] = 0.0f;
-    while (width > 1) {
-        width >>= 1;
-        for (int64_t i = 0; i < width; ++i) buf[i] = buf[i] + buf[i + width];
-    }
-    return buf[0];
 }
 
 static int64_t pow2_at_least(int64_t n) {
