@@ -150,11 +150,7 @@ static int grid_key(const args_t *a, scratch_t *s, int64_t b, int64_t kv, int64_
     if (slot < 0) return -1;
     const float *kr = a->kc + (slot * a->kvh + kv) * a->d;
     const float *vr = a->vc + (slot * a->kvh + kv) * a->dv;
-    int64_t ek = bound_of(absmax_f(kr, a->d));
-    double up = pow2c(a->pb - ek);
-    s->sbk[jj] = pow2c(ek - a->pb);
-    double *qk = s->qk + jj * a->d;
-    for (int64_t x = 0; x < a->d; ++x) qk[x] = nearbyint((double)kr[x] * up);
+    to_fixed_row(kr, a->d, a->pb, s->qk + jj * a->d, s->sbk + jj);
     double mv = absmax_f(vr, a->dv);
     int64_t ev = bound_of(mv);
     double vup = pow2(PV_BITS - ev);
@@ -186,9 +182,8 @@ static inline double hsum4(v4d v) { return (v[0] + v[1]) + (v[2] + v[3]); }
 
 static void logits(const args_t *a, scratch_t *s, const float *qr, int64_t off, int64_t cnt) {
     int64_t d = a->d;
-    int64_t eq = bound_of(absmax_f(qr, d));
-    double up = pow2c(a->pa - eq), sa = pow2c(eq - a->pa);
-    for (int64_t x = 0; x < d; ++x) s->qq[x] = nearbyint((double)qr[x] * up);
+    double sa;
+    to_fixed_row(qr, d, a->pa, s->qq, &sa);
     double *acc = s->acc;
     int64_t j0 = 0;
     KEY_DOTS(8)

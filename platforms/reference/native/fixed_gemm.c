@@ -270,18 +270,8 @@ void shuili_fixed_gemm(const double *a, const double *sa, int64_t m, int64_t k, 
 #endif
 }
 
-/* The activation side of numerics.to_fixed for one float32 row (bits = pa): sa = 2^(e - pa) and
-   qa[k] = round-half-even((double)x[k] * 2^(pa - e)), e the row's exponent_bound (numerics.h's
-   bound_of of absmax_f), both exponents clamped to [-1022, 1023]. */
-static void row_grid(const float *x, int64_t k, int pa, double *qa, double *sa) {
-    int64_t e = bound_of(absmax_f(x, k));
-    double sx = pow2c(pa - e);
-    *sa = pow2c(e - pa);
-    for (int64_t kk = 0; kk < k; ++kk) qa[kk] = nearbyint((double)x[kk] * sx);
-}
-
 /* linear's fixed-point product from the float32 activations: each row of x [m, k] goes to its grid
-   (row_grid, numerics.to_fixed's bits) and through shuili_fixed_gemm. One call per linear instead of
+   (numerics.h's to_fixed_row) and through shuili_fixed_gemm. One call per linear instead of
    the ~10 torch ops and two host transfers that built the grids. Returns 1 when out of memory. */
 int shuili_fixed_linear(const float *x, int64_t m, int64_t k, int pa, const float *p, const double *sb,
                         int64_t n, float *out, int threads) {
@@ -293,7 +283,7 @@ int shuili_fixed_linear(const float *x, int64_t m, int64_t k, int pa, const floa
         free(sa);
         return 1;
     }
-    for (int64_t i = 0; i < m; ++i) row_grid(x + i * k, k, pa, qa + i * k, sa + i);
+    for (int64_t i = 0; i < m; ++i) to_fixed_row(x + i * k, k, pa, qa + i * k, sa + i);
     shuili_fixed_gemm(qa, sa, m, k, p, sb, n, out, threads);
     free(qa);
     free(sa);

@@ -57,6 +57,16 @@ static inline int64_t bound_of(double m) {
     return clampi((int64_t)((b >> 52) & 0x7FF) - 1022, -200, 1023);
 }
 
+/* numerics.to_fixed of one float32 row on a grid of `bits`: q[i] = round-half-even((double)x[i] *
+   2^(bits - e)) and *scale = 2^(e - bits), e the row's exponent bound, both exponents clamped to
+   [-1022, 1023] */
+static inline void to_fixed_row(const float *x, int64_t n, int64_t bits, double *q, double *scale) {
+    int64_t e = bound_of(absmax_f(x, n));
+    double up = pow2c(bits - e);
+    *scale = pow2c(e - bits);
+    for (int64_t i = 0; i < n; ++i) q[i] = nearbyint((double)x[i] * up);
+}
+
 /* numerics.tree_sum of v[0..n) in float32: pad to a power of two with zeros, add the upper half
    onto the lower half until one remains; buf holds the next power of two >= n floats */
 static inline float tree_sum(const float *v, int64_t n, float *buf) {
