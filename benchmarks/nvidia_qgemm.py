@@ -140,6 +140,21 @@ def linear_rows(bw, ms_list, fmts, bi_list, quick):
     return rows
 
 
+def moe_inputs(t):
+    """T tokens of mid-v4's MoE: activations, top-k expert ids (distinct per token), routing weights."""
+    e, k, d, _ = MOE
+    x = torch.randn(t, d, device=DEV, dtype=BF)
+    ids = torch.stack([torch.randperm(e, device=DEV)[:k] for _ in range(t)])
+    return x, ids, torch.softmax(torch.randn(t, k, device=DEV), -1)
+
+
+def mxfp4_moe_weights():
+    """Copies of mid-v4's mxfp4 expert weights (w13, w2), enough to rotate past L2."""
+    e, _, d, inter = MOE
+    return copies(lambda: (rand_weight("mxfp4", (e, 2 * inter, d)), rand_weight("mxfp4", (e, d, inter))),
+                  3 * inter * d * e // 2)
+
+
 def moe_rows(bw, t_list, fmts, bi_list):
     rows = []
     e, k, d, inter = MOE
@@ -151,9 +166,7 @@ def moe_rows(bw, t_list, fmts, bi_list):
                Weight.dense(torch.randn(e, d, inter, device=DEV, dtype=BF) * inter ** -0.5)) for _ in range(2)]
         w13f, w2f = dequant(ws[0][0]), dequant(ws[0][1])
         for t in t_list:
-            x = torch.randn(t, d, device=DEV, dtype=BF)
-            ids = torch.stack([torch.randperm(e, device=DEV)[:k] for _ in range(t)])
-            wts = torch.softmax(torch.randn(t, k, device=DEV), -1)
+            x, ids, wts = moe_inputs(t)
             w13, w2 = ws[0]
             ref = moe_oracle(x, ids, wts, w13f, w2f, 10.0)
             used = int(torch.unique(ids).numel())
@@ -212,12 +225,8 @@ def sweep_moe(bw, t=64):
     for one GEMM with the other at the generic tile (MOE_TILES empty), then the best pair and
     qgemm's chosen MOE_TILES; printed as they finish."""
     chosen = dict(qgemm.MOE_TILES)
-    e, k, d, inter = MOE
-    ws = copies(lambda: (rand_weight("mxfp4", (e, 2 * inter, d)), rand_weight("mxfp4", (e, d, inter))),
-                3 * inter * d * e // 2)
-    x = torch.randn(t, d, device=DEV, dtype=BF)
-    ids = torch.stack([torch.randperm(e, device=DEV)[:k] for _ in range(t)])
-    wts = torch.softmax(torch.randn(t, k, device=DEV), -1)
+    ws = mxfp4_moe_weights()
+    x, ids, wts = moe_inputs(t)
     ref = gemm.moe_experts(x, ids, wts, *ws[0], 10.0).float()
 
     def timed(tiles):
@@ -259,13 +268,9 @@ def moe_tiles_ab(ts=(1, 16, 64, 256)):
     generic tile, alternating, best of two each."""
     keep = dict(qgemm.MOE_TILES)
     chosen = keep or SWEPT_PAIR
-    e, k, d, inter = MOE
-    ws = copies(lambda: (rand_weight("mxfp4", (e, 2 * inter, d)), rand_weight("mxfp4", (e, d, inter))),
-                3 * inter * d * e // 2)
+    ws = mxfp4_moe_weights()
     for t in ts:
-        x = torch.randn(t, d, device=DEV, dtype=BF)
-        ids = torch.stack([torch.randperm(e, device=DEV)[:k] for _ in range(t)])
-        wts = torch.softmax(torch.randn(t, k, device=DEV), -1)
+        x, ids, wts = moe_inputs(t)
         res = {"generic": [], "chosen": []}
         for _ in range(2):
             for name, tiles in (("generic", {}), ("chosen", chosen)):
