@@ -27,14 +27,17 @@
 typedef double v4d __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16), aligned(4)));
 
-/* One block of K (k terms from a and the widened panel p) for up to MR rows. The first block starts
-   from zero, later ones from the partial sums in cb (row stride NR); the last one finishes the rows
-   into out, the others park their sums in cb. Every partial sum is exact, so blocking K changes no
-   bit; it keeps the block's panel and rows in L1. */
+/* One block of K (k terms from a and the panel widened to float64 in p) for up to MR rows. The first
+   row tile of a block reads the float32 panel f and leaves its widened values in p for the other row
+   tiles (f NULL): the panel's loads, often from memory, overlap that tile's multiply-adds instead of
+   stalling a separate widening pass. The first block starts from zero, later ones from the partial
+   sums in cb (row stride NR); the last one finishes the rows into out, the others park their sums in
+   cb. Every partial sum is exact, so blocking K changes no bit; it keeps the block's panel and rows
+   in L1. */
 static inline __attribute__((always_inline)) void tile(int mr, int64_t k, const double *a, int64_t lda,
-                                                       const double *p, const double *sa, const double *sb,
+                                                       double *p, const double *sa, const double *sb,
                                                        float *out, int64_t ldo, int nc, double *cb, int first,
-                                                       int last, const float *nx) {
+                                                       int last, const float *f, const float *nx) {
     v4d acc[MR][2];
     for (int i = 0; i < MR; ++i) {
         acc[i][0] = first ? (v4d){0.0, 0.0, 0.0, 0.0} : *(const v4d *)(cb + i * NR);
@@ -42,8 +45,16 @@ static inline __attribute__((always_inline)) void tile(int mr, int64_t k, const 
     }
     for (int64_t kk = 0; kk < k; ++kk) {
         if (nx && !(kk & 1)) __builtin_prefetch(nx + kk * NR, 0, 2);
-        v4d b0 = *(const v4d *)(p + kk * NR);
-        v4d b1 = *(const v4d *)(p + kk * NR + 4);
+        v4d b0, b1;
+        if (f) {  /* the block's first row tile widens the float32 panel as it goes, for the others */
+            b0 = __builtin_convertvector(*(const v4f *)(f + kk * NR), v4d);
+            b1 = __builtin_convertvector(*(const v4f *)(f + kk * NR + 4), v4d);
+            *(v4d *)(p + kk * NR) = b0;
+            *(v4d *)(p + kk * NR + 4) = b1;
+        } else {
+            b0 = *(const v4d *)(p + kk * NR);
+            b1 = *(const v4d *)(p + kk * NR + 4);
+        }
         for (int i = 0; i < mr; ++i) {
             double ai = a[i * lda + kk];
             acc[i][0] += ai * b0;
@@ -68,17 +79,17 @@ static inline __attribute__((always_inline)) void tile(int mr, int64_t k, const 
     }
 }
 
-static void tile_rows(int mr, int64_t k, const double *a, int64_t lda, const double *p, const double *sa,
+static void tile_rows(int mr, int64_t k, const double *a, int64_t lda, double *p, const double *sa,
                       const double *sb, float *out, int64_t ldo, int nc, double *cb, int first, int last,
-                      const float *nx) {
+                      const float *f, const float *nx) {
     /* one specialised loop per row count, so acc stays in registers */
     switch (mr) {
-        case 6: tile(6, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
-        case 5: tile(5, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
-        case 4: tile(4, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
-        case 3: tile(3, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
-        case 2: tile(2, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
-        default: tile(1, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx); break;
+        case 6: tile(6, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, f, nx); break;
+        case 5: tile(5, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, f, nx); break;
+        case 4: tile(4, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, f, nx); break;
+        case 3: tile(3, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, f, nx); break;
+        case 2: tile(2, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, f, nx); break;
+        default: tile(1, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, f, nx); break;
     }
 }
 
@@ -97,20 +108,33 @@ typedef double v8d __attribute__((vector_size(64)));
 #define MR2 12
 
 static inline __attribute__((always_inline)) void tile2(int mr, int np, int64_t k, const double *a, int64_t lda,
-                                                        const double *p, const double *sa, const double *sb,
+                                                        double *p, const double *sa, const double *sb,
                                                         float *out, int64_t ldo, int nc, double *cb, int first,
-                                                        int last, const float *nx0, const float *nx1) {
+                                                        int last, const float *f0, const float *f1,
+                                                        const float *nx0, const float *nx1) {
     v8d acc[MR2][2];  /* cb: row stride 2 * NR, as tile()'s */
     for (int i = 0; i < MR2; ++i) {
         acc[i][0] = first ? (v8d){0.0} : *(const v8d *)(cb + i * 2 * NR);
         acc[i][1] = first || np != 2 ? (v8d){0.0} : *(const v8d *)(cb + i * 2 * NR + NR);
     }
-    const double *q = p + k * NR;  /* the second panel, widened right after the first */
+    double *q = p + k * NR;  /* the second panel, widened right after the first */
+    typedef float v8f __attribute__((vector_size(32), aligned(4)));
     for (int64_t kk = 0; kk < k; ++kk) {
         if (nx0) __builtin_prefetch((kk & 1 ? nx1 : nx0) + (kk >> 1) * 16, 0, 2);
-        v8d b0 = *(const v8d *)(p + kk * NR);
+        v8d b0, b1;
+        if (f0) {  /* the block's first row tile widens the float32 panels as it goes, for the others */
+            b0 = __builtin_convertvector(*(const v8f *)(f0 + kk * NR), v8d);
+            *(v8d *)(p + kk * NR) = b0;
+        } else {
+            b0 = *(const v8d *)(p + kk * NR);
+        }
         if (np == 2) {
-            v8d b1 = *(const v8d *)(q + kk * NR);
+            if (f0) {
+                b1 = __builtin_convertvector(*(const v8f *)(f1 + kk * NR), v8d);
+                *(v8d *)(q + kk * NR) = b1;
+            } else {
+                b1 = *(const v8d *)(q + kk * NR);
+            }
             for (int i = 0; i < mr; ++i) {
                 double ai = a[i * lda + kk];
                 acc[i][0] += ai * b0;
@@ -151,19 +175,20 @@ static inline __attribute__((always_inline)) void tile2(int mr, int np, int64_t 
 
 #define TILE2_CASE(R)                                                             \
     case R:                                                                       \
-        if (np == 2) tile2(R, 2, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx0, nx1); \
-        else tile2(R, 1, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx0, nx1);         \
+        if (np == 2) tile2(R, 2, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, f0, f1, nx0, nx1); \
+        else tile2(R, 1, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, f0, f1, nx0, nx1);         \
         break;
 
-static void tile2_rows(int mr, int np, int64_t k, const double *a, int64_t lda, const double *p,
+static void tile2_rows(int mr, int np, int64_t k, const double *a, int64_t lda, double *p,
                        const double *sa, const double *sb, float *out, int64_t ldo, int nc, double *cb,
-                       int first, int last, const float *nx0, const float *nx1) {
+                       int first, int last, const float *f0, const float *f1, const float *nx0,
+                       const float *nx1) {
     switch (mr) {
         TILE2_CASE(12) TILE2_CASE(11) TILE2_CASE(10) TILE2_CASE(9) TILE2_CASE(8) TILE2_CASE(7)
         TILE2_CASE(6) TILE2_CASE(5) TILE2_CASE(4) TILE2_CASE(3) TILE2_CASE(2)
         default:
-            if (np == 2) tile2(1, 2, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx0, nx1);
-            else tile2(1, 1, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, nx0, nx1);
+            if (np == 2) tile2(1, 2, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, f0, f1, nx0, nx1);
+            else tile2(1, 1, k, a, lda, p, sa, sb, out, ldo, nc, cb, first, last, f0, f1, nx0, nx1);
     }
 }
 #define PSTEP 2
@@ -200,29 +225,30 @@ static void *run(void *arg) {
             const float *src = j->p + pp * j->k * NR;
             for (int64_t k0 = 0; k0 < j->k || k0 == 0; k0 += KC) {
                 int64_t kb = j->k - k0 < KC ? j->k - k0 : KC;
-                for (int q = 0; q < np; ++q) {  /* a plain loop: gcc vectorises it at the full width */
-                    const float *restrict from = src + q * j->k * NR + k0 * NR;
-                    double *restrict to = panel + q * kb * NR;
-                    for (int64_t e = 0; e < kb * NR; ++e) to[e] = (double)from[e];
-                }
                 int first = k0 == 0, last = k0 + kb >= j->k;
                 /* the next block's float32 lines (this pair's, or the next pair's first), fetched into L2 by
-                   the first row tile, one line per step of its loop: the loads overlap the multiply-adds
-                   instead of stalling the next widen */
+                   the first row tile, one line per step of its loop, ahead of the next block's first tile */
                 const float *nx0 = last ? src + np * j->k * NR : src + (k0 + kb) * NR;
                 const float *nx1 = nx0 + j->k * NR;
                 if (last && pp + np >= j->p1) nx0 = nx1 = NULL;
-                for (int64_t i = m0; i < m1; i += ROWS) {
-                    int mr = m1 - i < ROWS ? (int)(m1 - i) : ROWS;
+                /* row tiles of equal height (16 rows: 8 + 8, not 12 + 4): a short tile has too few
+                   independent sums to keep the FMA units busy */
+                int64_t tiles = (m1 - m0 + ROWS - 1) / ROWS;
+                for (int64_t t = 0, i = m0; t < tiles; ++t) {
+                    int64_t i1 = m0 + (m1 - m0) * (t + 1) / tiles;
+                    int mr = (int)(i1 - i);
                     double *c = cb + (i - m0) * PSTEP * NR;
 #if PSTEP == 2
+                    const float *f0 = i == m0 ? src + k0 * NR : NULL;
                     tile2_rows(mr, np, kb, j->a + i * j->k + k0, j->k, panel, j->sa + i, j->sb + n0,
-                               j->out + i * j->n + n0, j->n, nc, c, first, last, i == m0 ? nx0 : NULL,
-                               nx1);
+                               j->out + i * j->n + n0, j->n, nc, c, first, last, f0, f0 ? f0 + j->k * NR : NULL,
+                               i == m0 ? nx0 : NULL, nx1);
 #else
                     tile_rows(mr, kb, j->a + i * j->k + k0, j->k, panel, j->sa + i, j->sb + n0,
-                              j->out + i * j->n + n0, j->n, nc, c, first, last, i == m0 ? nx0 : NULL);
+                              j->out + i * j->n + n0, j->n, nc, c, first, last, i == m0 ? src + k0 * NR : NULL,
+                              i == m0 ? nx0 : NULL);
 #endif
+                    i = i1;
                 }
             }
         }
