@@ -221,6 +221,8 @@ def _rowops_signature(lib) -> None:
     lib.shuili_swiglu.argtypes = [p, i64, i64, ctypes.c_int, f32, p, ctypes.c_int]
     lib.shuili_swiglu.restype = None
     lib.shuili_log_softmax.argtypes = [p, i64, i64, p, ctypes.c_int]
+    lib.shuili_rope.argtypes = [p, i64, i64, i64, i64, p, p, i64, ctypes.c_int, ctypes.c_int, p]
+    lib.shuili_rope.restype = None
     lib.shuili_log_softmax.restype = ctypes.c_int
     d = ctypes.c_double
     lib.shuili_rowops_init.argtypes = [p, ctypes.c_int, p, ctypes.c_int, d, d, d, d]
@@ -360,6 +362,22 @@ def swiglu(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
     return out
 
 
+def rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, rope_dim: int, interleaved: bool,
+         inverse: bool) -> torch.Tensor:
+    """float32 x [T, H, D] (any token stride, heads and channels contiguous), c and s float32
+    [T, half] contiguous rows of the tables -> float32 [T, H, D]: rope.rope_torch's bits."""
+    lib = _need("rowops")
+    t, h, d = x.shape
+    if x.dtype != torch.float32 or x.stride(2) != 1 or (h > 1 and x.stride(1) != d) or x.stride(0) < 0:
+        x = _f32(x)
+    c, s = _f32(c), _f32(s)
+    out = torch.empty(t, h, d, dtype=torch.float32)
+    if x.numel():
+        lib.shuili_rope(x.data_ptr(), t, h, d, x.stride(0), c.data_ptr(), s.data_ptr(), rope_dim, interleaved,
+                        inverse, out.data_ptr())
+    return out
+
+
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """float32 [B, V]: sampling.log_softmax_torch's bits, rows over torch's thread count."""
     lib = _need("rowops")
@@ -391,7 +409,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _check_rowops(lib) -> None:
     """Each op against its torch form, bit for bit, on edge values (the oracle's own test)."""
-    from shuili.platforms.reference import elementwise, norm, sampling
+    from shuili.platforms.reference import elementwise, norm, rope as rope_ops, sampling
 
     _state["rowops"] = lib  # the wrappers look it up
     try:
@@ -405,6 +423,14 @@ def _check_rowops(lib) -> None:
             "swiglu_limit": (swiglu(torch.cat([x, r], -1), 7.0), elementwise.swiglu_torch(torch.cat([x, r], -1), 7.0)),
             "log_softmax": (log_softmax(x), sampling.log_softmax_torch(x)),
         }
+        # rope on a strided view (a slice of fused rows), with channels left alone, both pair layouts
+        xr = _edge_values(g, 3 * 2 * 48).view(3, 96)[:, 8:88].reshape(3, 2, 40)
+        c, s = _edge_values(g, 3 * 20).view(3, 20), _edge_values(g, 3 * 20).view(3, 20).flip(-1)
+        for rd, inter, inv in ((32, True, False), (32, False, True), (40, False, False), (40, True, True)):
+            h = rd // 2
+            checks[f"rope_{rd}_{inter}_{inv}"] = (
+                rope(xr, c[:, :h], s[:, :h], rd, inter, inv),
+                rope_ops.rope_rows(xr, c[:, None, :h], s[:, None, :h], rd, inter, inv))
         for name, (got, want) in checks.items():
             got = got if isinstance(got, tuple) else (got,)
             want = want if isinstance(want, tuple) else (want,)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from shuili.platforms.reference import native
+
 
 def check_rope_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     rope_dim: int) -> tuple[int, int, int]:
@@ -25,6 +27,16 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     """
     t, d, half = check_rope_args(x, cos, sin, rope_dim)
     c, s = _angles(positions, cos, sin, t)
+    if x.dtype == torch.float32 and native.enabled("rowops"):  # one compiled loop, same bits
+        return native.rope(x, c.view(t, half), s.view(t, half), rope_dim, interleaved, inverse)
+    return rope_rows(x, c, s, rope_dim, interleaved, inverse)
+
+
+def rope_rows(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, rope_dim: int, interleaved: bool = True,
+              inverse: bool = False) -> torch.Tensor:
+    """`rope` as torch ops, from the tokens' table rows c, s [T, 1, rope_dim / 2]: the definition the
+    compiled loop is checked against."""
+    d, half = x.shape[-1], rope_dim // 2
     if inverse:
         s = -s
     xf = x.to(torch.float32)

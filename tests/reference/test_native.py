@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from shuili.hal import numerics
-from shuili.platforms.reference import attention, elementwise, native, norm, sampling
+from shuili.platforms.reference import attention, elementwise, native, norm, rope, sampling
 
 pytestmark = pytest.mark.skipif(not all(native.enabled(name) for name in native._LIBS),
                                 reason=f"no C compiler on this host: {native.status()}")
@@ -199,6 +199,40 @@ def test_log_softmax_bits():
     assert native._same(native.log_softmax(cases[0]), sampling.log_softmax_torch(cases[0]))
 
 
+@pytest.mark.parametrize("t,h,d,rd", [(1, 1, 2, 2), (16, 9, 64, 64), (5, 3, 40, 32), (7, 2, 64, 16), (0, 4, 8, 8)])
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_rope_bits(t, h, d, rd, interleaved, inverse):
+    """The compiled rope against its torch form on edge values, on a strided view (q or k sliced
+    out of a fused qkv row) and on a contiguous copy; through rope.rope's dispatch too."""
+    g = torch.Generator().manual_seed(t * 100 + d + rd)
+    fused = edge(g, (t, h * d + 24)) if t else torch.empty(0, h * d + 24)
+    x = fused[:, 8:8 + h * d].reshape(t, h, d)
+    table = 50
+    cos, sin = edge(g, (table, rd // 2)), torch.randn(table, rd // 2, generator=g)
+    pos = torch.randint(0, table, (t,), generator=g)
+    c, s = rope._angles(pos, cos, sin, t)
+    for view in (x, x.contiguous()):
+        want = rope.rope_rows(view, c, s, rd, interleaved, inverse)
+        assert native._same(native.rope(view, c.view(t, rd // 2), s.view(t, rd // 2), rd, interleaved, inverse), want)
+        assert native._same(rope.rope(view, pos, cos, sin, rd, interleaved, inverse), want)
+
+
+@pytest.mark.parametrize("old,new", [
+    # inverse ignored
+    ("si = inverse ? -s0[i] : s0[i];", "si = s0[i];"),
+    # the unrotated channels left out
+    ("memcpy(o, xr, sizeof(float) * keep);", ""),
+    # the second output from a fused multiply-add, one rounding fewer
+    ("ob[i * step] = as + bc;", "ob[i * step] = fmaf(a, si, bc);"),
+])
+def test_rowops_check_catches_a_wrong_rope(tmp_path, old, new):
+    """Negative control of the load-time check: a rope one detail away is refused."""
+    lib = _perturbed_library(tmp_path, old, new, "rowops")
+    with pytest.raises(RuntimeError, match="native rope"):
+        native._check_rowops(lib)
+
+
 _PROBE = """
 import json, torch
 from shuili.platforms.reference import attention, native, gemm, norm
@@ -307,15 +341,16 @@ def test_paged_attention_refuses_blocks_outside_the_cache():
         attention.paged_attention(q, kc, vc, table, lens, qsl, 0.25)
 
 
-def _perturbed_library(tmp_path, old: str, new: str):
-    src = (native._DIR / "attention.c").read_text()
+def _perturbed_library(tmp_path, old: str, new: str, name: str = "attention"):
+    """Library `name` built from its source with `old` (once in it) replaced by `new`."""
+    src_name, flags = native._LIBS[name]
+    src = (native._DIR / src_name).read_text()
     assert src.count(old) == 1
-    path = tmp_path / "attention.c"
+    path = tmp_path / src_name
     path.write_text(src.replace(old, new))
-    native._build(native._compiler(), path, native._LIBS["attention"][1], native._torch_openmp(),
-                  tmp_path / "attention.so")
-    lib = ctypes.CDLL(str(tmp_path / "attention.so"))
-    native._attention_signature(lib)
+    native._build(native._compiler(), path, flags, native._torch_openmp(), tmp_path / f"{name}.so")
+    lib = ctypes.CDLL(str(tmp_path / f"{name}.so"))
+    native._SIGNATURES[name](lib)
     return lib
 
 

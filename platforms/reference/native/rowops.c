@@ -193,3 +193,29 @@ int shuili_log_softmax(const float *x, int64_t rows, int64_t v, float *out, int 
     }
     return failed ? -1 : 0;
 }
+
+/* rope.rope, float32 x [t, h, d] (token stride xs, head stride d) -> out [t, h, d] contiguous: the
+   first d - rd channels copied, the last rd rotated by the token's c, s [t, rd / 2] (s negated when
+   inverse): (a, b) -> (a c - b s, a s + b c), each product and the sum rounded in float32 as torch's
+   four multiplies and two adds. Pairs are (2i, 2i + 1) when interleaved, else (i, i + rd / 2). */
+void shuili_rope(const float *x, int64_t t, int64_t h, int64_t d, int64_t xs, const float *cos_rows,
+                 const float *sin_rows, int64_t rd, int interleaved, int inverse, float *out) {
+    int64_t half = rd / 2, keep = d - rd;
+    for (int64_t r = 0; r < t; ++r) {
+        const float *c = cos_rows + r * half, *s0 = sin_rows + r * half;
+        for (int64_t j = 0; j < h; ++j) {
+            const float *xr = x + r * xs + j * d;
+            float *o = out + (r * h + j) * d;
+            memcpy(o, xr, sizeof(float) * keep);
+            const float *xa = xr + keep, *xb = xa + (interleaved ? 1 : half);
+            float *oa = o + keep, *ob = oa + (interleaved ? 1 : half);
+            int64_t step = interleaved ? 2 : 1;
+            for (int64_t i = 0; i < half; ++i) {
+                float a = xa[i * step], b = xb[i * step], ci = c[i], si = inverse ? -s0[i] : s0[i];
+                float ac = a * ci, bs = b * si, as = a * si, bc = b * ci;
+                oa[i * step] = ac - bs;
+                ob[i * step] = as + bc;
+            }
+        }
+    }
+}
