@@ -358,7 +358,7 @@ def swiglu(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
     if rows and inter:
         lib.shuili_swiglu(gu.data_ptr(), rows, inter, limit is not None,
                           float(limit) if limit is not None else 0.0, out.data_ptr(),
-                          torch.get_num_threads() if rows * inter >= (1 << 16) else 1)
+                          torch.get_num_threads() if rows * inter >= (1 << 13) else 1)
     return out
 
 

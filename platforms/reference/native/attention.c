@@ -77,20 +77,9 @@ static inline v4d splat4(double x) { return (v4d){x, x, x, x}; }
 
 /* torch.clamp (nan stays nan) with quiet comparisons: an ordered < may trap on nan, which keeps
    the compiler from turning the selects of a loop over exp32 into vector blends */
-static inline double clampd(double x, double lo, double hi) {
-    x = __builtin_isless(x, lo) ? lo : x;
-    return __builtin_isgreater(x, hi) ? hi : x;
-}
-
-/* numerics.exp on float32: exp64 of the clamped float64, narrow form (n >= -160), rounded once */
+/* numerics.exp on float32: exp64 of the clamped float64 (n >= -160: the narrow form), rounded once */
 static inline float exp32(float z) {
-    double x = clampd((double)z, -110.0, 90.0);
-    double n = nearbyint(x * INV_LN2);
-    double r = x - n * LN2_HI;
-    r = r - n * LN2_LO;
-    double p = r * EXP_C[N_EXP - 1] + EXP_C[N_EXP - 2];
-    for (int i = N_EXP - 3; i >= 0; --i) p = p * r + EXP_C[i];
-    return (float)(p * pow2d(n));
+    return (float)exp64_narrow(clampd((double)z, -110.0, 90.0), EXP_C, INV_LN2, LN2_HI, LN2_LO);
 }
 
 static inline double absmax_d(const double *x, int64_t n) {

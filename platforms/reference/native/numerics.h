@@ -67,6 +67,27 @@ static inline void to_fixed_row(const float *x, int64_t n, int64_t bits, double 
     for (int64_t i = 0; i < n; ++i) q[i] = nearbyint((double)x[i] * up);
 }
 
+/* torch.clamp: nan stays nan; two selects, not nested ones, which gcc if-converts and vectorises */
+static inline double clampd(double x, double lo, double hi) {
+    x = __builtin_isless(x, lo) ? lo : x;
+    return __builtin_isgreater(x, hi) ? hi : x;
+}
+
+#ifdef EXP_N
+/* numerics.exp64 of x in [-745, 709] in its narrow form, one scaling by 2^n: the caller guarantees
+   n = round(x / ln 2) >= -1000, where the two-factor form gives the same bits. c holds numerics'
+   EXP_N Taylor coefficients; EXP_N is a build constant, so the Horner loop unrolls and loops over
+   this vectorise. */
+static inline double exp64_narrow(double x, const double *c, double inv_ln2, double ln2_hi, double ln2_lo) {
+    double n = nearbyint(x * inv_ln2);
+    double r = x - n * ln2_hi;
+    r = r - n * ln2_lo;
+    double p = r * c[EXP_N - 1] + c[EXP_N - 2];
+    for (int i = EXP_N - 3; i >= 0; --i) p = p * r + c[i];
+    return p * pow2d(n);
+}
+#endif
+
 /* numerics.tree_sum of v[0..n) in float32: pad to a power of two with zeros, add the upper half
    onto the lower half until one remains; buf holds the next power of two >= n floats */
 static inline float tree_sum(const float *v, int64_t n, float *buf) {

@@ -37,27 +37,6 @@ int shuili_rowops_init(const double *exp_c, int n_exp, const double *log_c, int 
     return 0;
 }
 
-static inline double clampd(double x, double lo, double hi) { /* torch.clamp: nan stays nan */
-    double y = x < lo ? lo : x;  /* two selects, not nested ones: gcc if-converts only these */
-    return y > hi ? hi : y;
-}
-
-/* numerics.exp64 of one element, branch-free so that loops over it vectorise: the two-factor
-   scaling where n < -1000 (numerics uses it for a whole tensor when any element needs it: the same
-   bits for the others, as it notes); nan in, nan out (through p) */
-static inline double exp64(double x) {
-    x = clampd(x, -745.0, 709.0);
-    double n = nearbyint(x * INV_LN2);
-    double r = x - n * LN2_HI;
-    r = r - n * LN2_LO;
-    double p = r * EXP_C[EXP_N - 1] + EXP_C[EXP_N - 2];
-    for (int i = EXP_N - 3; i >= 0; --i) p = p * r + EXP_C[i];
-    double nn = n == n ? n : 0.0;
-    double half = nn >= -1000.0 ? nn : floor(nn * 0.5);
-    double rest = nn >= -1000.0 ? 0.0 : nn - half;  /* p * 2^n * 2^0 = p * 2^n: the one rounding */
-    return p * pow2d(half) * pow2d(rest);
-}
-
 /* numerics.log64 of one element */
 static inline double log64(double x) {
     if (x != x) return x;
@@ -119,7 +98,9 @@ int shuili_rms_norm(const float *x, const float *res, const float *w, int64_t ro
 
 static inline float silu_mul(float g, float u) {
     double x = (double)g;
-    double den = exp64(-clampd(x, -745.0, 709.0)) + 1.0;
+    /* numerics.silu's exp64(-clamp(x, -745, 709)), with the argument held above -700 (n >= -1010):
+       below it exp is under 2^-1000 either way and den rounds to exactly 1 */
+    double den = exp64_narrow(clampd(-x, -700.0, 709.0), EXP_C, INV_LN2, LN2_HI, LN2_LO) + 1.0;
     return (float)(x / den) * u;
 }
 
@@ -183,7 +164,7 @@ int shuili_log_softmax(const float *x, int64_t rows, int64_t v, float *out, int 
                 for (int64_t i = 0; i < v; ++i) {
                     float z = xr[i] - m;
                     o[i] = z;
-                    e[i] = (float)exp64(clampd((double)z, -110.0, 90.0));
+                    e[i] = (float)exp64_narrow(clampd((double)z, -110.0, 90.0), EXP_C, INV_LN2, LN2_HI, LN2_LO);
                 }
                 float l = (float)log64((double)tree_sum(e, v, buf));
                 for (int64_t i = 0; i < v; ++i) o[i] = o[i] - l;
