@@ -18,15 +18,32 @@ def cache_write(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
         raise ValueError(f"slot_mapping has shape {tuple(slots.shape)}, expected ({values.shape[0]},)")
     if not slots.numel():
         return
-    if int(slots.min()) >= 0:  # the usual case: no slot skipped, no boolean masks to build
-        if int(slots.max()) >= rows.shape[0]:
-            raise ValueError(f"slot {int(slots.max())} is past the cache's {rows.shape[0]} slots")
+    if _all_valid(slot_mapping, rows.shape[0]):  # the usual case: no slot skipped, no masks to build
         rows[slots] = values
         return
     keep = slots >= 0
     if keep.any() and int(slots[keep].max()) >= rows.shape[0]:
         raise ValueError(f"slot {int(slots[keep].max())} is past the cache's {rows.shape[0]} slots")
     rows[slots[keep]] = values[keep]
+
+
+# (slot_mapping, its version, the cache's slot count) last found all in [0, slots): a step writes
+# the same mapping into every layer's caches, so it is checked once (two reductions and host reads)
+_VALID: list = [None]
+
+
+def _all_valid(slot_mapping: torch.Tensor, n: int) -> bool:
+    """True when every slot is in [0, n); False when some is negative (skipped); raises past n."""
+    hit = _VALID[0]
+    if hit is not None and hit[0] is slot_mapping and hit[1] == slot_mapping._version and hit[2] == n:
+        return True
+    lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
+    if lo < 0:
+        return False
+    if hi >= n:
+        raise ValueError(f"slot {hi} is past the cache's {n} slots")
+    _VALID[0] = (slot_mapping, slot_mapping._version, n)
+    return True
 
 
 def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:

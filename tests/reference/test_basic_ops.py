@@ -148,6 +148,25 @@ def test_cache_write(ops, gen):
         ops["cache_write"](cache, torch.tensor([0]), vals[:1].double())
 
 
+def test_cache_write_checks_a_reused_mapping_again(ops, gen):
+    """A step's slot mapping is checked once for all its layers: the memo must not let a mapping
+    that was changed in place, or a smaller cache, past the range check."""
+    big, small = torch.zeros(8, 4, 3), torch.zeros(2, 4, 3)
+    vals = torch.randn(2, 3, generator=gen)
+    slots = torch.tensor([30, 7])
+    ops["cache_write"](big, slots, vals)
+    ops["cache_write"](big, slots, vals)  # the memo's hit
+    assert torch.equal(big.view(-1, 3)[30], vals[0]) and torch.equal(big.view(-1, 3)[7], vals[1])
+    with pytest.raises(ValueError, match="past the cache's 8 slots"):
+        ops["cache_write"](small, slots, vals)
+    slots[0] = 32
+    with pytest.raises(ValueError, match="slot 32 is past the cache's 32 slots"):
+        ops["cache_write"](big, slots, vals)
+    slots[0] = -1  # skipped, and not remembered as all valid
+    ops["cache_write"](big, slots, vals * 2)
+    assert torch.equal(big.view(-1, 3)[7], vals[1] * 2) and torch.equal(big.view(-1, 3)[30], vals[0])
+
+
 def test_collectives_single_rank(ops, gen):
     x = torch.randn(3, 2, generator=gen)
     assert ops["all_reduce"](x) is x
