@@ -63,10 +63,18 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         """logits float32 [S, V] -> tokens, logprobs and bad flags of the S rows."""
-        bad = torch.isnan(logits).any(dim=-1) | torch.isneginf(logits).all(dim=-1)
-        logits = torch.where(bad[:, None], torch.zeros((), dtype=logits.dtype, device=logits.device), logits)
+        # the row max is NaN exactly when the row holds one, and -inf when every entry is: one
+        # reduction instead of two boolean passes over [S, V]
+        m = logits.amax(dim=-1)
+        bad = torch.isnan(m) | (m == float("-inf"))
+        # a host read is free on the CPU; on an accelerator it would sync the step, so there the
+        # rows are always selected
+        if logits.device.type != "cpu" or bool(bad.any()):
+            logits = torch.where(bad[:, None], torch.zeros((), dtype=logits.dtype, device=logits.device), logits)
         raw_lp = self.ops.log_softmax(logits)
-        proc = logits.to(torch.float32).clone()
+        proc = logits.to(torch.float32)
+        if b.banned_rows is not None or b.penalties is not None:  # changed below: not the caller's rows
+            proc = proc.clone()
         if b.banned_rows is not None:
             proc[b.banned_rows, b.banned_ids] = float("-inf")
         if b.penalties is not None:
