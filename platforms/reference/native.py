@@ -17,7 +17,9 @@ CPU's feature flags, written atomically, so concurrent processes and hosts shari
 do not clash. At load the kernel is checked bit for bit against the torch path on a small case with
 edge values, each row op against its torch form; a host without a compiler, a failed build or a
 failed check falls back to the torch forms (same bits, slower) with one warning.
-SHUILI_REFERENCE_NATIVE=0 turns all three libraries off.
+SHUILI_REFERENCE_NATIVE=0 turns all three libraries off. SHUILI_REFERENCE_NATIVE_CFLAGS adds
+compiler flags to every build (part of the cache key): `-mno-avx512f` builds, on an AVX-512 host,
+the 256-bit kernels an AVX2-only host gets (benchmarks/cpu_vs_transformers.py's AVX2 row).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -190,6 +193,7 @@ def _load(name: str) -> tuple[ctypes.CDLL, Path]:
     cc = _compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     src_name, flags = _LIBS[name]
+    flags = [*flags, *shlex.split(os.environ.get("SHUILI_REFERENCE_NATIVE_CFLAGS", ""))]
     src = _DIR / src_name
     omp = _torch_openmp()
     headers = [h.read_bytes() for h in sorted(_DIR.glob("*.h"))]  # numerics.h: shared by every library

@@ -11,6 +11,7 @@ import ctypes
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 
@@ -265,6 +266,21 @@ def test_fallbacks_give_the_same_bits(tmp_path):
     assert broken["status"].count("torch (building") == 3, broken["status"]
     assert "SHUILI_REFERENCE_NATIVE=0 to silence" in broken["stderr"]
     assert built["bits"] == off["bits"] == broken["bits"]
+
+
+def test_extra_compiler_flags_reach_every_build(tmp_path):
+    """SHUILI_REFERENCE_NATIVE_CFLAGS: its flags are part of each library's build and cache key (an
+    AVX-512 host builds the AVX2 kernels with -mno-avx512f, same bits), and a flag the compiler
+    refuses fails every build, so all three fall back to the torch forms."""
+    built = _probe(tmp_path)
+    avx2 = _probe(tmp_path, SHUILI_REFERENCE_NATIVE_CFLAGS="-mno-avx512f")
+    assert avx2["status"].count("native (") == 3, avx2["status"]
+    so = lambda status: set(re.findall(r"\(([^()]*\.so)\)", status))  # noqa: E731
+    assert len(so(avx2["status"])) == 3 and not so(avx2["status"]) & so(built["status"])  # other cache files
+    assert avx2["bits"] == built["bits"]
+    bad = _probe(tmp_path, SHUILI_REFERENCE_NATIVE_CFLAGS="-fno-such-flag-for-shuili")
+    assert bad["status"].count("torch (building") == 3, bad["status"]
+    assert "-fno-such-flag-for-shuili" in bad["stderr"] and bad["bits"] == built["bits"]
 
 
 # ------------------------------------------------------------------------------- paged attention
