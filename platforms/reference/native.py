@@ -225,9 +225,9 @@ def _rowops_signature(lib) -> None:
     lib.shuili_swiglu.argtypes = [p, i64, i64, ctypes.c_int, f32, p, ctypes.c_int]
     lib.shuili_swiglu.restype = None
     lib.shuili_log_softmax.argtypes = [p, i64, i64, p, ctypes.c_int]
+    lib.shuili_log_softmax.restype = ctypes.c_int
     lib.shuili_rope.argtypes = [p, i64, i64, i64, i64, p, p, i64, ctypes.c_int, ctypes.c_int, p]
     lib.shuili_rope.restype = None
-    lib.shuili_log_softmax.restype = ctypes.c_int
     d = ctypes.c_double
     lib.shuili_rowops_init.argtypes = [p, ctypes.c_int, p, ctypes.c_int, d, d, d, d]
     lib.shuili_rowops_init.restype = ctypes.c_int
@@ -369,10 +369,10 @@ def swiglu(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
 def rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, rope_dim: int, interleaved: bool,
          inverse: bool) -> torch.Tensor:
     """float32 x [T, H, D] (any token stride, heads and channels contiguous), c and s float32
-    [T, half] contiguous rows of the tables -> float32 [T, H, D]: rope.rope_torch's bits."""
+    [T, half] contiguous rows of the tables -> float32 [T, H, D]: rope.rope_rows's bits."""
     lib = _need("rowops")
     t, h, d = x.shape
-    if x.dtype != torch.float32 or x.stride(2) != 1 or (h > 1 and x.stride(1) != d) or x.stride(0) < 0:
+    if x.dtype != torch.float32 or x.stride(2) != 1 or (h > 1 and x.stride(1) != d):
         x = _f32(x)
     c, s = _f32(c), _f32(s)
     out = torch.empty(t, h, d, dtype=torch.float32)

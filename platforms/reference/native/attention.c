@@ -75,8 +75,6 @@ static inline v4d madd4(v4d a, v4d b, v4d c) {
 
 static inline v4d splat4(double x) { return (v4d){x, x, x, x}; }
 
-/* torch.clamp (nan stays nan) with quiet comparisons: an ordered < may trap on nan, which keeps
-   the compiler from turning the selects of a loop over exp32 into vector blends */
 /* numerics.exp on float32: exp64 of the clamped float64 (n >= -160: the narrow form), rounded once */
 static inline float exp32(float z) {
     return (float)exp64_narrow(clampd((double)z, -110.0, 90.0), EXP_C, INV_LN2, LN2_HI, LN2_LO);

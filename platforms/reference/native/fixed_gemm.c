@@ -107,6 +107,15 @@ typedef struct {
 typedef double v8d __attribute__((vector_size(64)));
 #define MR2 12
 
+/* row kk of a panel as float64: widened from the float32 panel f and kept in p, or from p when f is NULL */
+static inline __attribute__((always_inline)) v8d panel_row(const float *f, double *p, int64_t kk) {
+    typedef float v8f __attribute__((vector_size(32), aligned(4)));
+    if (!f) return *(const v8d *)(p + kk * NR);
+    v8d b = __builtin_convertvector(*(const v8f *)(f + kk * NR), v8d);
+    *(v8d *)(p + kk * NR) = b;
+    return b;
+}
+
 static inline __attribute__((always_inline)) void tile2(int mr, int np, int64_t k, const double *a, int64_t lda,
                                                         double *p, const double *sa, const double *sb,
                                                         float *out, int64_t ldo, int nc, double *cb, int first,
@@ -118,23 +127,12 @@ static inline __attribute__((always_inline)) void tile2(int mr, int np, int64_t 
         acc[i][1] = first || np != 2 ? (v8d){0.0} : *(const v8d *)(cb + i * 2 * NR + NR);
     }
     double *q = p + k * NR;  /* the second panel, widened right after the first */
-    typedef float v8f __attribute__((vector_size(32), aligned(4)));
     for (int64_t kk = 0; kk < k; ++kk) {
         if (nx0) __builtin_prefetch((kk & 1 ? nx1 : nx0) + (kk >> 1) * 16, 0, 2);
-        v8d b0, b1;
-        if (f0) {  /* the block's first row tile widens the float32 panels as it goes, for the others */
-            b0 = __builtin_convertvector(*(const v8f *)(f0 + kk * NR), v8d);
-            *(v8d *)(p + kk * NR) = b0;
-        } else {
-            b0 = *(const v8d *)(p + kk * NR);
-        }
+        /* the block's first row tile widens the float32 panels as it goes, for the others */
+        v8d b0 = panel_row(f0, p, kk);
         if (np == 2) {
-            if (f0) {
-                b1 = __builtin_convertvector(*(const v8f *)(f1 + kk * NR), v8d);
-                *(v8d *)(q + kk * NR) = b1;
-            } else {
-                b1 = *(const v8d *)(q + kk * NR);
-            }
+            v8d b1 = panel_row(f1, q, kk);
             for (int i = 0; i < mr; ++i) {
                 double ai = a[i * lda + kk];
                 acc[i][0] += ai * b0;

@@ -67,7 +67,8 @@ static inline void to_fixed_row(const float *x, int64_t n, int64_t bits, double 
     for (int64_t i = 0; i < n; ++i) q[i] = nearbyint((double)x[i] * up);
 }
 
-/* torch.clamp: nan stays nan; two selects, not nested ones, which gcc if-converts and vectorises */
+/* torch.clamp: nan stays nan. Two selects, not nested ones, with quiet comparisons (an ordered <
+   may trap on nan): only then does gcc turn the selects of a loop over exp into vector blends */
 static inline double clampd(double x, double lo, double hi) {
     x = __builtin_isless(x, lo) ? lo : x;
     return __builtin_isgreater(x, hi) ? hi : x;
