@@ -44,14 +44,15 @@ def weight_f32(w: Weight) -> torch.Tensor:
 class FixedWeight(NamedTuple):
     """A weight's rows on their fixed-point grids (`numerics.to_fixed`, the weight side's bits of
     `numerics.dot_bits` for K = in_features): q [..., N, K] float64 integers, or None when the
-    compiled kernel holds them instead as `panels` (`native.pack`: float32 [..., N / 8, K, 8], half
-    the memory); e [..., N, 1] the row exponents, pb the bits, scale [..., 1, N] = 2**(e - pb)
+    compiled kernel holds them instead as `panels` (`native.pack`: affine 4- or 8-bit codes for a
+    GGUF-quantized weight, an eighth to a quarter of float32's bytes, else float32 panels, half the
+    float64 grid); e [..., N, 1] the row exponents, pb the bits, scale [..., 1, N] = 2**(e - pb)
     (`numerics.fixed_matmul`'s sb), n the rows N."""
     q: torch.Tensor | None
     e: torch.Tensor
     pb: int
     scale: torch.Tensor
-    panels: torch.Tensor | None
+    panels: native.Panels | None
     n: int
 
 
@@ -78,16 +79,17 @@ def fixed_linear(x: torch.Tensor, fw: FixedWeight, expert: int | None = None) ->
     the bits of `numerics.fixed_matmul`."""
     pick = (lambda t: t) if expert is None else (lambda t: t[expert])
     pa = numerics.dot_bits(x.shape[-1])[0]
-    if fw.panels is not None and x.shape[1]:  # the grids are built inside the compiled call
-        return native.linear(x, pa, pick(fw.panels), pick(fw.scale), fw.n)
+    panels = fw.panels if fw.panels is None or expert is None else fw.panels.group(expert)
+    if panels is not None and x.shape[1]:  # the grids are built inside the compiled call
+        return native.linear(x, pa, panels, pick(fw.scale), fw.n)
     if 0 < x.shape[0] <= _HOST_SCALE_ROWS and x.shape[1]:
         sx, sa = _row_scales(x, pa)
         qa = numerics._widen_mul(x, sx).round_()
     else:
         qa, ea = numerics.to_fixed(x, pa)
         sa = numerics.pow2((ea - pa).clamp(-1022, 1023))
-    if fw.panels is not None:
-        return native.gemm(qa, sa, pick(fw.panels), pick(fw.scale), fw.n)
+    if panels is not None:
+        return native.gemm(qa, sa, panels, pick(fw.scale), fw.n)
     return numerics.scaled_matmul(qa, sa, pick(fw.q), pick(fw.scale))
 
 

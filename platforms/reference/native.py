@@ -8,8 +8,10 @@ partial sum of the fixed-point products an integer below 2**53, so any summation
 same float64 sum. The C loop may block, vectorise, fuse multiply-adds and split the output columns
 over threads as it likes and still return exactly the torch float64 matmul path's bits; its
 finishing `(acc + 0.0) * sa * sb -> float32` repeats `numerics.scaled_matmul`'s operations in order.
-What it gains: the weight grid is read as float32 (exact: |q| <= 2**21 at K >= 2, 2**24 at most)
-in panels laid out for the loop, half the bytes of the float64 grid, and no BLAS packing per call.
+What it gains: the weight grid is read in panels laid out for the loop, with no BLAS packing per
+call: as float32 (exact: |q| <= 2**21 at K >= 2, 2**24 at most), half the bytes of the float64 grid,
+or, for a GGUF-quantized weight, as 4- or 8-bit affine codes (`Panels`), an eighth to a quarter of
+that.
 
 Built with the C compiler found as $CC, `cc` or `gcc` (`-O3 -march=native`, never `-ffast-math`)
 into $SHUILI_CACHE_DIR (default ~/.cache/shuili/native), keyed by the source, the compiler and the
@@ -34,6 +36,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -74,22 +77,120 @@ def status() -> str:
     return "; ".join(parts)
 
 
-def pack(q: torch.Tensor) -> torch.Tensor:
-    """Integer-valued float64 grid q [..., N, K] -> float32 panels [..., ceil(N / NR), K, NR], rows
-    past N zero. Exact when |q| <= 2**24 (checked; `numerics.dot_bits` gives the weight side at most
-    24 bits from K = 9 on)"""
-    if bool(((q.abs() > _MAX_GRID) & q.isfinite()).any()):  # inf and nan are float32 values too
+class Panels(NamedTuple):
+    """A weight grid laid out for fixed_gemm.c: ceil(N / NR) panels of NR output rows, rows past N
+    zero. bits 32: float32 data [..., P, K, NR], the grid values. bits 8 or 4: the affine form,
+    uint8 data [..., P, K / CH, chunk_bytes(bits)]: per panel and chunk of CH columns, NR float32
+    steps D, NR float32 offsets M, then CH x NR codes c (one byte each, or two to a byte: row 2t in
+    the low nibble of byte row t), each grid value being D * c + M. Every chunk of the bundled
+    SmolLM2's Q4_1 and Q8_0 weights has this form (`pack` verifies it chunk by chunk; a weight with
+    one chunk that does not keeps float32 panels). It holds the weights in 0.75 or 1.25 bytes per
+    value instead of 4, so a decode step streams a fifth of the bytes. The kernel decodes it
+    exactly in float32 (`pack` keeps D * c and D * c + M integers of magnitude at most 2**24), so
+    every form gives the same bits."""
+    data: torch.Tensor
+    bits: int
+
+    def group(self, e: int) -> "Panels":
+        """The panels of group e of a grouped [E, N, K] weight."""
+        return Panels(self.data[e], self.bits)
+
+
+CH = 32  # K per affine chunk: fixed_gemm.c's CH
+
+
+def chunk_bytes(bits: int) -> int:
+    return 2 * NR * 4 + CH * NR * bits // 8
+
+
+def pack(q: torch.Tensor, affine: bool = True) -> Panels:
+    """Integer-valued float64 grid q [..., N, K] -> its `Panels`: the affine form with the fewest
+    bits that holds every chunk exactly (when `affine`), else float32. Exact when |q| <= 2**24
+    (checked; `numerics.dot_bits` gives the weight side at most 24 bits from K = 9 on)."""
+    big = q.abs() > _MAX_GRID
+    if bool(big.any()) and bool((big & q.isfinite()).any()):  # inf and nan are float32 values too
         raise ValueError("a fixed-point weight grid exceeds 2**24 and would not be exact in float32")
     *lead, n, k = q.shape
+    packed = _pack_affine(q) if affine else None
+    if packed is not None:
+        return packed
     panels = -(-n // NR)
     p = torch.zeros(*lead, panels * NR, k, dtype=torch.float32)
     p[..., :n, :] = q
-    return p.view(*lead, panels, NR, k).transpose(-1, -2).contiguous()
+    return Panels(p.view(*lead, panels, NR, k).transpose(-1, -2).contiguous(), 32)
 
 
-def _check_panels(panels: torch.Tensor, n: int, k: int) -> None:
-    if panels.shape != (-(-n // NR), k, NR) or panels.dtype != torch.float32 or not panels.is_contiguous():
-        raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not pack an [{n}, {k}] weight")
+_AFFINE_ROWS = 4096  # rows per slice of the affine search: bounds its int64 temporaries (~75 MB at K = 576)
+
+
+def _pack_affine(q: torch.Tensor) -> Panels | None:
+    """q [..., N, K] in the affine form of `Panels`, or None where some chunk has no 8-bit affine
+    form (or K is not whole chunks, or a value is not finite)."""
+    *lead, n, k = q.shape
+    if k % CH or k == 0 or n == 0:
+        return None
+    panels = -(-n // NR)
+    flat = q.reshape(-1, n, k)
+    codes = torch.zeros(flat.shape[0], panels * NR, k, dtype=torch.uint8)
+    dm = torch.zeros(flat.shape[0], panels * NR, k // CH, 2, dtype=torch.float32)
+    for e in range(flat.shape[0]):
+        for r0 in range(0, n, _AFFINE_ROWS):
+            g = flat[e, r0:r0 + _AFFINE_ROWS].reshape(-1, k // CH, CH)
+            low = g.amin(-1)  # nan where a chunk holds one; an inf fails the equality below
+            if not bool(low.isfinite().all()):
+                return None
+            diff = (g - low[..., None]).to(torch.int32)  # exact: integers below 2**25
+            step = _chunk_gcd(diff)
+            c = diff // step[..., None]
+            d32, m32 = step.to(torch.float32), low.to(torch.float32)
+            # D and M float32 values, D * c within float32's integers (the kernel decodes in float32), and
+            # D * c + M the grid (== holds -0 == +0, which no sum can tell apart)
+            dc = d32.double()[..., None] * c
+            if (int(c.max()) > 255 or not torch.equal(d32.double(), step.double()) or not torch.equal(m32.double(), low)
+                    or float(dc.max()) > _MAX_GRID or not torch.equal(dc + m32.double()[..., None], g)):
+                return None
+            rows = g.shape[0]
+            codes[e, r0:r0 + rows] = c.reshape(rows, k).to(torch.uint8)
+            dm[e, r0:r0 + rows, :, 0] = d32
+            dm[e, r0:r0 + rows, :, 1] = m32
+    bits = 4 if int(codes.max()) < 16 else 8
+    # [E, P * NR, ...] -> [E, P, K / CH, ..., NR]: a panel's rows innermost
+    c = codes.view(-1, panels, NR, k // CH, CH).permute(0, 1, 3, 4, 2)
+    if bits == 4:
+        c = c[..., 0::2, :] | (c[..., 1::2, :] << 4)
+    d = dm.view(-1, panels, NR, k // CH, 2).permute(0, 1, 3, 4, 2)  # [E, P, K / CH, 2, NR]: D[NR] then M[NR]
+    d = d.contiguous().view(torch.uint8).reshape(-1, panels, k // CH, 2 * NR * 4)
+    data = torch.cat([d, c.reshape(-1, panels, k // CH, CH * NR * bits // 8)], -1)
+    return Panels(data.reshape(*lead, panels, k // CH, chunk_bytes(bits)).contiguous(), bits)
+
+
+def _chunk_gcd(diff: torch.Tensor) -> torch.Tensor:
+    """gcd of each chunk's non-negative differences diff [..., CH] (1 for an all-zero chunk). The
+    smallest positive difference is the gcd wherever it divides all the others (a quantized chunk
+    nearly always holds codes 0 and 1); the rest take torch.gcd column by column."""
+    big = torch.iinfo(diff.dtype).max
+    step = torch.where(diff > 0, diff, big).amin(-1)
+    step = torch.where(step == big, 1, step)
+    odd = ~(diff % step[..., None] == 0).all(-1)
+    if bool(odd.any()):
+        rest, g = diff[odd], torch.zeros_like(step[odd])
+        for j in range(CH):
+            g = torch.gcd(g, rest[..., j])
+        step[odd] = g
+    return step
+
+
+def _check_panels(panels: Panels, n: int, k: int) -> None:
+    if not isinstance(panels, Panels):
+        raise TypeError(f"expected native.Panels (from native.pack), got {type(panels).__name__}")
+    p, d = -(-n // NR), panels.data
+    if panels.bits == 32:
+        ok = d.shape == (p, k, NR) and d.dtype == torch.float32
+    else:
+        ok = (panels.bits in (4, 8) and k % CH == 0 and d.shape == (p, k // CH, chunk_bytes(panels.bits))
+              and d.dtype == torch.uint8)
+    if not ok or not d.is_contiguous():
+        raise ValueError(f"panels {tuple(d.shape)} {d.dtype} ({panels.bits} bits) do not pack an [{n}, {k}] weight")
 
 
 def _threads(m: int, n: int, k: int, threads: int | None) -> int:
@@ -98,7 +199,7 @@ def _threads(m: int, n: int, k: int, threads: int | None) -> int:
     return torch.get_num_threads() if threads is None else threads
 
 
-def gemm(qa: torch.Tensor, sa: torch.Tensor, panels: torch.Tensor, sb: torch.Tensor, n: int,
+def gemm(qa: torch.Tensor, sa: torch.Tensor, panels: Panels, sb: torch.Tensor, n: int,
          threads: int | None = None) -> torch.Tensor:
     """float32 [M, N] = ((qa @ q^T + 0.0) * sa * sb) for qa [M, K] float64 integer grids, sa [M, 1],
     sb [1, N] float64 and `pack(q)`'s panels [ceil(N / NR), K, NR]: numerics.scaled_matmul's bits."""
@@ -111,12 +212,13 @@ def gemm(qa: torch.Tensor, sa: torch.Tensor, panels: torch.Tensor, sb: torch.Ten
     out = torch.empty(m, n, dtype=torch.float32)
     if m and n:
         nt = _threads(m, n, k, threads)
-        lib.shuili_fixed_gemm(qa.data_ptr(), sa.data_ptr(), m, k, panels.data_ptr(), sb.data_ptr(), n,
-                              out.data_ptr(), nt)
+        if lib.shuili_fixed_gemm(qa.data_ptr(), sa.data_ptr(), m, k, panels.data.data_ptr(), panels.bits,
+                                 sb.data_ptr(), n, out.data_ptr(), nt):
+            raise ValueError(f"native.gemm cannot read {panels.bits}-bit panels of K = {k}")
     return out
 
 
-def linear(x: torch.Tensor, pa: int, panels: torch.Tensor, sb: torch.Tensor, n: int,
+def linear(x: torch.Tensor, pa: int, panels: Panels, sb: torch.Tensor, n: int,
            threads: int | None = None) -> torch.Tensor:
     """float32 x [M, K] -> float32 [M, N]: x's rows on their `numerics.to_fixed(x, pa)` grids times
     `pack(q)`'s panels, scaled by sb [1, N] as `gemm`: the bits of to_fixed then scaled_matmul, with
@@ -131,8 +233,12 @@ def linear(x: torch.Tensor, pa: int, panels: torch.Tensor, sb: torch.Tensor, n: 
     out = torch.empty(m, n, dtype=torch.float32)
     if m and n:
         nt = _threads(m, n, k, threads)
-        if lib.shuili_fixed_linear(x.data_ptr(), m, k, pa, panels.data_ptr(), sb.data_ptr(), n, out.data_ptr(), nt):
+        rc = lib.shuili_fixed_linear(x.data_ptr(), m, k, pa, panels.data.data_ptr(), panels.bits, sb.data_ptr(), n,
+                                     out.data_ptr(), nt)
+        if rc == 1:
             raise MemoryError(f"native.linear: no memory for the [{m}, {k}] float64 activation grid")
+        if rc:
+            raise ValueError(f"native.linear cannot read {panels.bits}-bit panels of K = {k}")
     return out
 
 
@@ -211,10 +317,10 @@ def _load(name: str) -> tuple[ctypes.CDLL, Path]:
 
 def _gemm_signature(lib) -> None:
     p = ctypes.c_void_p
-    lib.shuili_fixed_gemm.argtypes = [p, p, ctypes.c_int64, ctypes.c_int64, p, p, ctypes.c_int64, p, ctypes.c_int]
-    lib.shuili_fixed_gemm.restype = None
-    lib.shuili_fixed_linear.argtypes = [p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, p, p, ctypes.c_int64, p,
-                                        ctypes.c_int]
+    i64, i32 = ctypes.c_int64, ctypes.c_int
+    lib.shuili_fixed_gemm.argtypes = [p, p, i64, i64, p, i32, p, i64, p, i32]
+    lib.shuili_fixed_gemm.restype = ctypes.c_int
+    lib.shuili_fixed_linear.argtypes = [p, i64, i64, i32, p, i32, p, i64, p, i32]
     lib.shuili_fixed_linear.restype = ctypes.c_int
 
 
@@ -274,7 +380,8 @@ def _build(cc: str, src: Path, extra: list[str], omp: list[str], out: Path) -> N
 
 def _check_gemm(lib) -> None:
     """Bit equality with numerics.scaled_matmul on grids with ties, zeros of both signs, NaN, inf,
-    subnormal and overflowing scales, ragged row and column counts, one and two threads."""
+    subnormal and overflowing scales, ragged row and column counts, one and two threads; then the
+    affine panels (4 and 8 bits, K over several blocks) against the float32 ones."""
 
     g = torch.Generator().manual_seed(13)
     m, n, k = 13, 21, 37
@@ -289,25 +396,60 @@ def _check_gemm(lib) -> None:
     qb[5, 7] = float("-inf")
     sa = numerics.pow2(torch.randint(-1100, 200, (m, 1), generator=g))
     sb = numerics.pow2(torch.randint(-200, 1000, (1, n), generator=g))
-    want = numerics.scaled_matmul(qa, sa, qb, sb)
-    panels = pack(qb)
-    for threads in (1, 2):
-        got = torch.empty(m, n, dtype=torch.float32)
-        lib.shuili_fixed_gemm(qa.data_ptr(), sa.contiguous().data_ptr(), m, k, panels.data_ptr(),
-                              sb.contiguous().data_ptr(), n, got.data_ptr(), threads)
-        if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
-            raise RuntimeError("the native fixed-point GEMM disagrees with the torch path's bits "
-                               f"({threads} thread(s)); please report this with your compiler and CPU")
+    _check_gemm_case(lib, qa, sa, qb, sb, pack(qb), "")
     x = _linear_check_rows(g, m, k, pa)
     qx, ex = numerics.to_fixed(x, pa)
     want = numerics.scaled_matmul(qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb)
+    _check_linear_case(lib, x, pa, pack(qb), sb, want, "")
+    k = 13 * CH  # three K blocks of the kernel, the last one short
+    pa, pb = numerics.dot_bits(k)
+    x = _linear_check_rows(g, m, k, pa)
+    qx, ex = numerics.to_fixed(x, pa)
+    for bits in (4, 8):
+        qb = affine_grid(g, n, k, bits, pb)
+        panels = pack(qb)
+        if panels.bits != bits:
+            raise RuntimeError(f"pack chose {panels.bits}-bit panels for a {bits}-bit affine grid")
+        _check_gemm_case(lib, qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb, panels, f" ({bits}-bit panels)")
+        want = numerics.scaled_matmul(qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb)
+        _check_linear_case(lib, x, pa, panels, sb, want, f" ({bits}-bit panels)")
+
+
+def affine_grid(g: torch.Generator, n: int, k: int, bits: int, pb: int) -> torch.Tensor:
+    """A float64 [n, k] weight grid whose chunks are D * c + M with `bits`-bit codes, |value| <= 2**pb
+    (as a Q4_1 or Q8_0 weight's grid is): the largest step, a zero step, negative offsets, a zero row."""
+    top = (1 << bits) - 1
+    c = torch.randint(0, top + 1, (n, k // CH, CH), generator=g).to(torch.float64)
+    step = torch.randint(1, (1 << (pb + 1)) // top + 1, (n, k // CH, 1), generator=g).to(torch.float64)
+    step[0, 0] = 0.0
+    low = -(step * top) / 2
+    low = torch.where(torch.rand(low.shape, generator=g) < 0.5, low.floor(), -(step * top).clamp_max(1 << pb))
+    q = (step * c + low).reshape(n, k)
+    q[min(1, n - 1)] = 0.0
+    return q
+
+
+def _check_gemm_case(lib, qa, sa, qb, sb, panels: Panels, what: str) -> None:
+    m, k, n = qa.shape[0], qa.shape[1], qb.shape[0]
+    want = numerics.scaled_matmul(qa, sa, qb, sb)
     for threads in (1, 2):
         got = torch.empty(m, n, dtype=torch.float32)
-        lib.shuili_fixed_linear(x.data_ptr(), m, k, pa, panels.data_ptr(), sb.contiguous().data_ptr(), n,
-                                got.data_ptr(), threads)
+        lib.shuili_fixed_gemm(qa.contiguous().data_ptr(), sa.contiguous().data_ptr(), m, k, panels.data.data_ptr(),
+                              panels.bits, sb.contiguous().data_ptr(), n, got.data_ptr(), threads)
         if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
-            raise RuntimeError("the native fixed-point linear disagrees with numerics.to_fixed and the torch "
-                               f"path's bits ({threads} thread(s)); please report this with your compiler and CPU")
+            raise RuntimeError(f"the native fixed-point GEMM disagrees with the torch path's bits{what} "
+                               f"({threads} thread(s)); please report this with your compiler and CPU")
+
+
+def _check_linear_case(lib, x, pa, panels: Panels, sb, want, what: str) -> None:
+    m, k, n = x.shape[0], x.shape[1], want.shape[1]
+    for threads in (1, 2):
+        got = torch.empty(m, n, dtype=torch.float32)
+        lib.shuili_fixed_linear(x.data_ptr(), m, k, pa, panels.data.data_ptr(), panels.bits, sb.contiguous().data_ptr(),
+                                n, got.data_ptr(), threads)
+        if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+            raise RuntimeError(f"the native fixed-point linear disagrees with numerics.to_fixed and the torch "
+                               f"path's bits{what} ({threads} thread(s)); please report this with your compiler and CPU")
 
 
 def _linear_check_rows(g: torch.Generator, m: int, k: int, pa: int) -> torch.Tensor:

@@ -106,19 +106,107 @@ def test_the_256_bit_tile_gives_the_same_bits(tmp_path):
     native._gemm_signature(lib)
     native._check_gemm(lib)
     g = torch.Generator().manual_seed(11)
-    for m, n, k in ((16, 960, 576), (13, 37, 1536), (70, 17, 300), (9, 8, 200)):
+    for m, n, k, bits in ((16, 960, 576, 32), (13, 37, 1536, 32), (70, 17, 300, 32), (9, 8, 200, 32),
+                          (16, 960, 576, 4), (13, 37, 1536, 8), (70, 17, 416, 4), (1, 9, 64, 8)):
         pa, pb = numerics.dot_bits(k)
-        x = native._linear_check_rows(g, m, k, pa)
-        qb = torch.randint(-(1 << pb), (1 << pb) + 1, (n, k), generator=g).to(torch.float64)
+        x = native._linear_check_rows(g, max(m, 8), k, pa)[:m].contiguous()
+        if bits == 32:
+            qb = torch.randint(-(1 << pb), (1 << pb) + 1, (n, k), generator=g).to(torch.float64)
+        else:
+            qb = native.affine_grid(g, n, k, bits, pb)
         sb = numerics.pow2(torch.randint(-100, 900, (1, n), generator=g))
         qx, ex = numerics.to_fixed(x, pa)
         want = numerics.scaled_matmul(qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb)
         panels = native.pack(qb)
+        assert panels.bits == bits
         for threads in (1, 2, 3):
             got = torch.empty(m, n, dtype=torch.float32)
-            lib.shuili_fixed_linear(x.data_ptr(), m, k, pa, panels.data_ptr(), sb.contiguous().data_ptr(), n,
-                                    got.data_ptr(), threads)
-            assert native._same(got, want), (m, n, k, threads)
+            lib.shuili_fixed_linear(x.data_ptr(), m, k, pa, panels.data.data_ptr(), panels.bits,
+                                    sb.contiguous().data_ptr(), n, got.data_ptr(), threads)
+            assert native._same(got, want), (m, n, k, bits, threads)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 32), (5, 9, 64), (16, 960, 576), (13, 37, 1536), (70, 17, 416),
+                                   (40, 24, 192)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_affine_panels_give_the_float32_panels_bits(bits, m, n, k, threads):
+    """The affine form (4- or 8-bit codes, a step and an offset per chunk and row) against the torch
+    path, through gemm and linear: ragged N, several K blocks (KC = 192), the grid's bound reached."""
+    g = torch.Generator().manual_seed(bits * 100 + m + n + k)
+    pa, pb = numerics.dot_bits(k)
+    qb = native.affine_grid(g, n, k, bits, pb)
+    panels = native.pack(qb)
+    assert panels.bits == bits or n == 1
+    assert panels.data.numel() <= -(-n // native.NR) * native.NR * k * (bits / 8 + 0.25)
+    qa = torch.randint(-(1 << pa), (1 << pa) + 1, (m, k), generator=g).to(torch.float64)
+    qa[0, : k // 2] = -0.0
+    sa = numerics.pow2(torch.randint(-1000, 100, (m, 1), generator=g))
+    sb = numerics.pow2(torch.randint(-100, 900, (1, n), generator=g))
+    assert native._same(native.gemm(qa, sa, panels, sb, n, threads=threads), numerics.scaled_matmul(qa, sa, qb, sb))
+    x = native._linear_check_rows(g, max(m, 8), k, pa)[:m].contiguous()
+    qx, ex = numerics.to_fixed(x, pa)
+    want = numerics.scaled_matmul(qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb)
+    assert native._same(native.linear(x, pa, panels, sb, n, threads=threads), want)
+
+
+def test_pack_keeps_float32_panels_where_no_affine_form_is_exact():
+    g = torch.Generator().manual_seed(2)
+    pb = numerics.dot_bits(64)[1]
+    affine = native.affine_grid(g, 9, 64, 8, pb)
+    assert native.pack(affine).bits == 8
+    assert native.pack(affine, affine=False).bits == 32
+    cases = {"random grid": torch.randint(-(1 << pb), (1 << pb) + 1, (9, 64), generator=g).double(),
+             "K not whole chunks": affine[:, :40],
+             "codes above 255": torch.arange(64, dtype=torch.float64).expand(9, 64) * torch.tensor([1.0, 9.0]).repeat(32),
+             "a NaN": torch.where(torch.arange(64) == 5, float("nan"), affine),
+             "D * c above 2**24": torch.tensor([-1.0, 1.0]).repeat(32).expand(2, 64) * float(1 << 24)}
+    for what, q in cases.items():
+        assert native.pack(q).bits == 32, what
+
+
+def test_gguf_quantized_weights_pack_as_affine_codes():
+    """A Q4_1 weight (SmolLM2's layers) and a Q8_0 one (its embedding / lm_head), dequantized as the
+    GGUF loader does, reach the kernel as 4- and 8-bit codes, with the float32 panels' bits."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as T, quants
+
+    from shuili.hal.types import Weight
+    from shuili.platforms.reference import gemm
+
+    rng = np.random.default_rng(0)
+    for kind, bits in ((T.Q4_1, 4), (T.Q8_0, 8)):
+        w32 = quants.dequantize(quants.quantize(rng.standard_normal((40, 576), dtype=np.float32) * 0.05, kind), kind)
+        w = Weight.dense(torch.from_numpy(np.ascontiguousarray(w32)))
+        fw = gemm.weight_fixed(w)
+        assert fw.panels is not None and fw.panels.bits == bits
+        x = native._linear_check_rows(torch.Generator().manual_seed(bits), 16, 576, numerics.dot_bits(576)[0])
+        torch_fw = gemm.FixedWeight(numerics.to_fixed(gemm.weight_f32(w), fw.pb)[0], fw.e, fw.pb, fw.scale, None, fw.n)
+        assert native._same(gemm.fixed_linear(x, fw), gemm.fixed_linear(x, torch_fw))
+
+
+def test_gemm_check_catches_a_misread_affine_panel():
+    """Negative control: a kernel that reads 4-bit panels as 8-bit ones is refused at load."""
+    real = native._library("gemm")
+
+    class Wrong:
+        def shuili_fixed_gemm(self, a, sa, m, k, w, bits, sb, n, out, threads):
+            return real.shuili_fixed_gemm(a, sa, m, k, w, 8 if bits == 4 else bits, sb, n, out, threads)
+
+        shuili_fixed_linear = staticmethod(real.shuili_fixed_linear)
+
+    with pytest.raises(RuntimeError, match="4-bit panels"):
+        native._check_gemm(Wrong())
+
+
+def test_panels_that_do_not_match_the_weight_are_refused():
+    g = torch.Generator().manual_seed(4)
+    panels = native.pack(native.affine_grid(g, 16, 64, 4, 20))
+    qa, sa = torch.zeros(2, 64, dtype=torch.float64), torch.ones(2, 1, dtype=torch.float64)
+    with pytest.raises(ValueError, match="do not pack"):
+        native.gemm(qa, sa, native.Panels(panels.data, 8), torch.ones(1, 16, dtype=torch.float64), 16)
+    with pytest.raises(TypeError, match="native.Panels"):
+        native.gemm(qa, sa, panels.data, torch.ones(1, 16, dtype=torch.float64), 16)
 
 
 def test_linear_check_catches_a_wrong_grid():
@@ -128,8 +216,8 @@ def test_linear_check_catches_a_wrong_grid():
     class Wrong:
         shuili_fixed_gemm = staticmethod(real.shuili_fixed_gemm)
 
-        def shuili_fixed_linear(self, x, m, k, pa, p, sb, n, out, threads):
-            return real.shuili_fixed_linear(x, m, k, pa - 1, p, sb, n, out, threads)
+        def shuili_fixed_linear(self, x, m, k, pa, w, bits, sb, n, out, threads):
+            return real.shuili_fixed_linear(x, m, k, pa - 1, w, bits, sb, n, out, threads)
 
     with pytest.raises(RuntimeError, match="linear disagrees"):
         native._check_gemm(Wrong())
@@ -145,8 +233,8 @@ def test_gemm_check_catches_a_wrong_kernel():
     real = native._library("gemm")
 
     class Wrong:
-        def shuili_fixed_gemm(self, a, sa, m, k, p, sb, n, out, threads):
-            real.shuili_fixed_gemm(a, sa, m, k - 1, p, sb, n, out, threads)  # wrong: panels not re-laid out for k - 1
+        def shuili_fixed_gemm(self, a, sa, m, k, w, bits, sb, n, out, threads):
+            real.shuili_fixed_gemm(a, sa, m, k - 1, w, bits, sb, n, out, threads)  # wrong: panels not re-laid out for k - 1
 
     with pytest.raises(RuntimeError, match="disagrees"):
         native._check_gemm(Wrong())
