@@ -212,8 +212,11 @@ def gemm(qa: torch.Tensor, sa: torch.Tensor, panels: Panels, sb: torch.Tensor, n
     out = torch.empty(m, n, dtype=torch.float32)
     if m and n:
         nt = _threads(m, n, k, threads)
-        if lib.shuili_fixed_gemm(qa.data_ptr(), sa.data_ptr(), m, k, panels.data.data_ptr(), panels.bits,
-                                 sb.data_ptr(), n, out.data_ptr(), nt):
+        rc = lib.shuili_fixed_gemm(qa.data_ptr(), sa.data_ptr(), m, k, panels.data.data_ptr(), panels.bits,
+                                   sb.data_ptr(), n, out.data_ptr(), nt)
+        if rc == 1:
+            raise MemoryError("native.gemm: no memory for the kernel's panel buffers")
+        if rc:
             raise ValueError(f"native.gemm cannot read {panels.bits}-bit panels of K = {k}")
     return out
 

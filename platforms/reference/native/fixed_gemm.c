@@ -35,6 +35,10 @@
 #define KC 192 /* K per block: the block's widened panels and its rows' a fit in L1 together */
 #endif
 
+#ifndef UNITS
+#define UNITS 8 /* work units per thread: few enough to keep each unit's panel stream long */
+#endif
+
 #if KC % CH
 #error "KC must be a multiple of CH: an affine block holds whole chunks"
 #endif
@@ -195,8 +199,9 @@ typedef struct {
     const double *a, *sa, *sb;
     const uint8_t *w;
     float *out;
-    int64_t m, k, n, mc, p0, p1;
+    int64_t m, k, n, mc, panels, group; /* group: panels per work unit, a multiple of PSTEP */
     int mode;
+    int64_t *next; /* the next work unit, shared by the threads */
 } job_t;
 
 #if defined(__AVX512F__)
@@ -370,10 +375,14 @@ static void *run(void *arg) {
         return (void *)1;
     }
     int64_t pbytes = panel_bytes(j->mode, j->k);
-    for (int64_t m0 = 0; m0 < j->m; m0 += j->mc) {  /* a block of rows stays in L2 while panels stream */
-        int64_t m1 = m0 + j->mc < j->m ? m0 + j->mc : j->m;
-        for (int64_t pp = j->p0; pp < j->p1; pp += PSTEP) {
-            int np = j->p1 - pp < PSTEP ? (int)(j->p1 - pp) : PSTEP;
+    int64_t chunks = (j->panels + j->group - 1) / j->group, units = chunks * ((j->m + j->mc - 1) / j->mc);
+    /* work units (a block of rows by a group of panels) go to whichever thread is free: a thread slowed
+       by the host's other work takes fewer. Each unit's sums are exact, so who does which changes no bit. */
+    for (int64_t u; (u = __atomic_fetch_add(j->next, 1, __ATOMIC_RELAXED)) < units;) {
+        int64_t m0 = u / chunks * j->mc, m1 = m0 + j->mc < j->m ? m0 + j->mc : j->m;
+        int64_t p0 = u % chunks * j->group, p1 = p0 + j->group < j->panels ? p0 + j->group : j->panels;
+        for (int64_t pp = p0; pp < p1; pp += PSTEP) {
+            int np = p1 - pp < PSTEP ? (int)(p1 - pp) : PSTEP;
             int64_t n0 = pp * NR;
             int nc = j->n - n0 < np * NR ? (int)(j->n - n0) : np * NR;
             const uint8_t *src = j->w + pp * pbytes;
@@ -385,7 +394,7 @@ static void *run(void *arg) {
                    first row tile as it goes, ahead of the next block's first tile */
                 const uint8_t *nx0 = last ? src + np * pbytes : src + block_offset(j->mode, k0 + kb);
                 const uint8_t *nx1 = nx0 + pbytes;
-                if (last && pp + np >= j->p1) nx0 = nx1 = NULL;
+                if (last && pp + np >= p1) nx0 = nx1 = NULL;
                 /* row tiles of equal height (16 rows: 8 + 8, not 12 + 4): a short tile has too few
                    independent sums to keep the FMA units busy */
                 int64_t tiles = (m1 - m0 + ROWS - 1) / ROWS;
@@ -407,10 +416,11 @@ static void *run(void *arg) {
 
 /* a [m, k] float64 (contiguous), sa [m], sb [n] float64, out [m, n] float32; w the weight's
    ceil(n / NR) panels in `bits`' form (32: float32 [k][NR] each; 8 or 4: affine chunks, k a
-   multiple of CH). The output columns are split over `threads` threads. Built with OpenMP, the
-   threads are the team of the OpenMP runtime torch itself uses (native.py links the same one), so
-   torch's pool and this kernel do not fight over the cores; without OpenMP, pthreads (a part whose
-   thread cannot be started runs on the calling thread). Returns 2 for a form it cannot read. */
+   multiple of CH). Up to `threads` threads take work units (rows by groups of output panels) as
+   they come free. Built with OpenMP, the threads are the team of the OpenMP runtime torch itself
+   uses (native.py links the same one), so torch's pool and this kernel do not fight over the cores;
+   without OpenMP, pthreads (the calling thread takes the units of any that cannot start). Returns
+   2 for a form it cannot read, 1 when no thread had memory for its buffers. */
 int shuili_fixed_gemm(const double *a, const double *sa, int64_t m, int64_t k, const void *w, int bits,
                       const double *sb, int64_t n, float *out, int threads) {
     int mode = bits == 32 ? 1 : bits;
@@ -421,30 +431,23 @@ int shuili_fixed_gemm(const double *a, const double *sa, int64_t m, int64_t k, c
     if (threads < 1) threads = 1;
     if (threads > 256) threads = 256;
     if (threads > panels) threads = panels > 0 ? (int)panels : 1;
+    /* about UNITS work units per thread, whole panel pairs each */
+    int64_t group = (panels + (int64_t)threads * UNITS - 1) / ((int64_t)threads * UNITS);
+    group = (group + PSTEP - 1) / PSTEP * PSTEP;
+    int64_t next = 0;
+    job_t job = {a, sa, sb, (const uint8_t *)w, out, m, k, n, mc, panels, group, mode, &next};
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        job_t j = {a, sa, sb, (const uint8_t *)w, out, m, k, n, mc, panels * t / nt, panels * (t + 1) / nt, mode};
-        run(&j);
-    }
+    run(&job);
 #else
-    job_t jobs[256];
     pthread_t tids[256];
     int started[256];
-    for (int t = 0; t < threads; ++t) {
-        jobs[t] = (job_t){a, sa, sb, (const uint8_t *)w, out, m, k, n, mc, panels * t / threads,
-                          panels * (t + 1) / threads, mode};
-        started[t] = 0;
-    }
+    for (int t = 1; t < threads; ++t) started[t] = pthread_create(&tids[t], NULL, run, &job) == 0;
+    run(&job); /* returns once every unit is taken: a thread that could not start leaves its share to the others */
     for (int t = 1; t < threads; ++t)
-        started[t] = pthread_create(&tids[t], NULL, run, &jobs[t]) == 0;
-    run(&jobs[0]);
-    for (int t = 1; t < threads; ++t) {
         if (started[t]) pthread_join(tids[t], NULL);
-        else run(&jobs[t]);
-    }
 #endif
+    if (next == 0 && m > 0) return 1; /* a thread with its buffers takes units until none is left */
     return 0;
 }
 
