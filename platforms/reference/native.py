@@ -120,7 +120,7 @@ def pack(q: torch.Tensor, affine: bool = True) -> Panels:
     return Panels(p.view(*lead, panels, NR, k).transpose(-1, -2).contiguous(), 32)
 
 
-_AFFINE_ROWS = 4096  # rows per slice of the affine search: bounds its int64 temporaries (~75 MB at K = 576)
+_AFFINE_ROWS = 4096  # rows per slice of the affine search: bounds its temporaries (~19 MB each at K = 576)
 
 
 def _pack_affine(q: torch.Tensor) -> Panels | None:
@@ -143,11 +143,12 @@ def _pack_affine(q: torch.Tensor) -> Panels | None:
             step = _chunk_gcd(diff)
             c = diff // step[..., None]
             d32, m32 = step.to(torch.float32), low.to(torch.float32)
+            d64, m64 = d32.double(), m32.double()
             # D and M float32 values, D * c within float32's integers (the kernel decodes in float32), and
             # D * c + M the grid (== holds -0 == +0, which no sum can tell apart)
-            dc = d32.double()[..., None] * c
-            if (int(c.max()) > 255 or not torch.equal(d32.double(), step.double()) or not torch.equal(m32.double(), low)
-                    or float(dc.max()) > _MAX_GRID or not torch.equal(dc + m32.double()[..., None], g)):
+            dc = d64[..., None] * c
+            if (int(c.max()) > 255 or not torch.equal(d64, step.double()) or not torch.equal(m64, low)
+                    or float(dc.max()) > _MAX_GRID or not torch.equal(dc + m64[..., None], g)):
                 return None
             rows = g.shape[0]
             codes[e, r0:r0 + rows] = c.reshape(rows, k).to(torch.uint8)
@@ -383,8 +384,8 @@ def _build(cc: str, src: Path, extra: list[str], omp: list[str], out: Path) -> N
 
 def _check_gemm(lib) -> None:
     """Bit equality with numerics.scaled_matmul on grids with ties, zeros of both signs, NaN, inf,
-    subnormal and overflowing scales, ragged row and column counts, one and two threads; then the
-    affine panels (4 and 8 bits, K over several blocks) against the float32 ones."""
+    subnormal and overflowing scales, ragged row and column counts, one and two threads; then, through
+    gemm and linear alike, affine panels (4 and 8 bits, K over several blocks)."""
 
     g = torch.Generator().manual_seed(13)
     m, n, k = 13, 21, 37
@@ -399,22 +400,24 @@ def _check_gemm(lib) -> None:
     qb[5, 7] = float("-inf")
     sa = numerics.pow2(torch.randint(-1100, 200, (m, 1), generator=g))
     sb = numerics.pow2(torch.randint(-200, 1000, (1, n), generator=g))
-    _check_gemm_case(lib, qa, sa, qb, sb, pack(qb), "")
+    panels = pack(qb)
+    _check_gemm_case(lib, qa, sa, panels, sb, numerics.scaled_matmul(qa, sa, qb, sb), "")
     x = _linear_check_rows(g, m, k, pa)
     qx, ex = numerics.to_fixed(x, pa)
     want = numerics.scaled_matmul(qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb)
-    _check_linear_case(lib, x, pa, pack(qb), sb, want, "")
+    _check_linear_case(lib, x, pa, panels, sb, want, "")
     k = 13 * CH  # three K blocks of the kernel, the last one short
     pa, pb = numerics.dot_bits(k)
     x = _linear_check_rows(g, m, k, pa)
     qx, ex = numerics.to_fixed(x, pa)
+    sx = numerics.pow2((ex - pa).clamp(-1022, 1023))
     for bits in (4, 8):
         qb = affine_grid(g, n, k, bits, pb)
         panels = pack(qb)
         if panels.bits != bits:
             raise RuntimeError(f"pack chose {panels.bits}-bit panels for a {bits}-bit affine grid")
-        _check_gemm_case(lib, qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb, panels, f" ({bits}-bit panels)")
-        want = numerics.scaled_matmul(qx, numerics.pow2((ex - pa).clamp(-1022, 1023)), qb, sb)
+        want = numerics.scaled_matmul(qx, sx, qb, sb)  # the same sums from the grids or the activations
+        _check_gemm_case(lib, qx, sx, panels, sb, want, f" ({bits}-bit panels)")
         _check_linear_case(lib, x, pa, panels, sb, want, f" ({bits}-bit panels)")
 
 
@@ -432,9 +435,8 @@ def affine_grid(g: torch.Generator, n: int, k: int, bits: int, pb: int) -> torch
     return q
 
 
-def _check_gemm_case(lib, qa, sa, qb, sb, panels: Panels, what: str) -> None:
-    m, k, n = qa.shape[0], qa.shape[1], qb.shape[0]
-    want = numerics.scaled_matmul(qa, sa, qb, sb)
+def _check_gemm_case(lib, qa, sa, panels: Panels, sb, want, what: str) -> None:
+    m, k, n = qa.shape[0], qa.shape[1], want.shape[1]
     for threads in (1, 2):
         got = torch.empty(m, n, dtype=torch.float32)
         lib.shuili_fixed_gemm(qa.contiguous().data_ptr(), sa.contiguous().data_ptr(), m, k, panels.data.data_ptr(),
