@@ -60,10 +60,11 @@ NUM_WARPS = None  # None: 4 warps for 16-row tiles, 8 above (no spills: benchmar
 NUM_STAGES = None  # None: 4 for 16-row tiles, 3 above (shared memory)
 # default-mode MoE launches of 16-row tiles (decode: a few rows per expert): "gemm1" (gate + up +
 # SwiGLU) and "gemm2" (down, weighted scatter) -> (BN, BK, warps, stages); absent: the defaults above.
-# benchmarks/nvidia_qgemm.py --sweep-moe times the candidates. On the H200 (2026-12-05, mid-v4's MoE at
-# T64, mxfp4) {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)} took the pair from 128.1 to 115.8 us;
-# not the default until T1/T16 and the GPU tests and conformance have run with it (docs/performance.md).
-MOE_TILES: dict[str, tuple[int, int, int, int]] = {}
+# benchmarks/nvidia_qgemm.py --sweep-moe times the candidates: on the H200 (2026-12-05, mid-v4's MoE
+# at T64, mxfp4) this pair took the MoE from 128.1 to 115.8 us; on an H100 (2026-12-06, --moe-ab)
+# 1.15x at T1, 1.07x at T16, 0.99x at T64 and T256 (docs/performance.md). Batch-invariant launches
+# never read it: their tile is fixed for every batch.
+MOE_TILES: dict[str, tuple[int, int, int, int]] = {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)}
 # float32 activations (IEEE dots, FMA on CUDA cores) take K in steps of 32: at 128 the operand
 # tiles spill by kilobytes per thread
 F32_BK = 32
