@@ -25,6 +25,12 @@ from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
 
 FMT_ID = {"dense": 0, "fp8_block128": 1, "mxfp4": 2, "fp8_block32": 3}
 BI_TILE = (64, 64, 64)  # BM, BN, BK in batch-invariant mode, for every M
+BI_GROUP_TILE = (64, 64, 64)  # grouped GEMMs in batch-invariant mode: tuned apart from plain linears
+# batch-invariant float32 activations (IEEE dots: FMA on CUDA cores, not tensor cores): BM, BN, BK
+# and warps, for every M. These are mid-v4's mHC mixing linears (N = 24, K = 8192) and routers
+# (N = 32, K = 2048): a 64 x 64 tile pads N and spills, so 37 of them took 1.0 ms of a decode step
+# against cuBLAS's 0.38 ms in default mode (H100, docs/performance.md)
+BI_TILE_F32 = (64, 64, 64, 4)
 # batch-invariant split-K: below this many column tiles, K is cut into chunks of at least
 # BI_MIN_KC so that a decode-sized linear (N = 24 .. 2048) is not streamed by a few SMs
 BI_MIN_PROGRAMS = 128
@@ -169,9 +175,9 @@ def _split_sum_kernel(p_ptr, b_ptr, y_ptr, M, N, s_ym, SPLIT: tl.constexpr, HAS_
     tl.store(y_ptr + (i // N).to(tl.int64) * s_ym + col, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def _tiles_for(m: int, batch_invariant: bool):
+def _tiles_for(m: int, batch_invariant: bool, f32: bool = False):
     if batch_invariant:
-        return BI_TILE
+        return BI_TILE_F32[:3] if f32 else BI_TILE
     if m <= 16:
         return 16, 128, 128
     if m <= 32:
@@ -199,11 +205,12 @@ def _weight_args(w: Weight, grouped: bool):
     return data, scale, s_we, s_wn, scale.stride(0) if grouped else 0, scale.stride(-2)
 
 
-def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
+def bi_split(n: int, k: int, groups: int = 1, tile: tuple | None = None) -> tuple[int, int]:
     """(splits, K per split) for batch-invariant mode: a fixed split of K chosen from the weight's
-    shape alone (never from M, so a row's sum order is the same in every batch). Narrow outputs get
-    several K chunks so that more than a handful of programs stream the weight; wide ones get one."""
-    bn, bk = BI_TILE[1], BI_TILE[2]
+    shape and the tile alone (never from M, so a row's sum order is the same in every batch). Narrow
+    outputs get several K chunks so that more than a handful of programs stream the weight; wide
+    ones get one."""
+    bn, bk = (tile or BI_TILE)[1:3]
     tiles = cdiv(n, bn) * groups
     if tiles >= BI_MIN_PROGRAMS or k < 2 * BI_MIN_KC:
         return 1, k
@@ -214,7 +221,7 @@ def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
 
 def _grouped_tile(m: int, e: int, batch_invariant: bool):
     """Tile of a grouped GEMM: by rows per group (decode: a few rows per expert), not all rows."""
-    return BI_TILE if batch_invariant else _tiles_for(cdiv(m, max(e, 1)), False)
+    return BI_GROUP_TILE if batch_invariant else _tiles_for(cdiv(m, max(e, 1)), False)
 
 
 def fill_split(tiles: int, k: int, bk: int) -> tuple[int, int]:
@@ -229,16 +236,18 @@ def fill_split(tiles: int, k: int, bk: int) -> tuple[int, int]:
 def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped, hilo=False):
     m, k = x.shape
     n = w.shape[-2]
+    f32 = x.dtype == torch.float32 and not hilo  # the IEEE FMA dot
+    warps = BI_TILE_F32[3] if f32 and batch_invariant and not grouped else 4
     data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
     if grouped:
         te, t0, t1, nt = tiles
         bm, bn, bk = _grouped_tile(m, w.shape[0], batch_invariant)
     else:
-        bm, bn, bk = _tiles_for(m, batch_invariant)
+        bm, bn, bk = _tiles_for(m, batch_invariant, f32)
         te = t0 = t1 = x
         nt = cdiv(m, bm)
     if batch_invariant:
-        split, kc = bi_split(n, k, w.shape[0] if grouped else 1)
+        split, kc = bi_split(n, k, w.shape[0] if grouped else 1, (bm, bn, bk))
     elif w.format != "dense" and (cdiv(m, w.shape[0]) if grouped else m) <= Q_MAX_M:
         bn = 64
         split, kc = fill_split(cdiv(n, bn) * (min(w.shape[0], m) if grouped else nt), k, bk)
@@ -249,7 +258,7 @@ def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped, hilo=False):
         x, data, scale, bias if bias is not None else x, out, te, t0, t1, m, n, k, kc, x.stride(0),
         y.stride(0), s_we, s_wn, s_se, s_sn, FMT=FMT_ID[w.format], GROUPED=grouped,
         HAS_BIAS=bias is not None, F32=x.dtype == torch.float32, HILO=hilo, NATIVE_FP8=not interpreting(),
-        SPLIT=split, BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=3)
+        SPLIT=split, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3)
     if split > 1:
         block = 1024
         _split_sum_kernel[(cdiv(m * n, block),)](out, bias if bias is not None else out, y, m, n, y.stride(0),

@@ -136,7 +136,8 @@ def test_linear_batch_invariant_split_k(device, fmt, dtype, monkeypatch):
     monkeypatch.setattr(gemm, "USE_QGEMM", False)  # this file's kernel; test_qgemm.py covers qgemm's split
     monkeypatch.setattr(gemm, "BI_MIN_KC", 128)
     monkeypatch.setattr(gemm, "BI_MIN_PROGRAMS", 64)
-    assert gemm.bi_split(40, 320) == (2, 192) and gemm.bi_split(64 * 64, 320) == (1, 320)
+    t = (64, 64, 64)  # the split rule at one tile; the linears below run the tiles in use
+    assert gemm.bi_split(40, 320, tile=t) == (2, 192) and gemm.bi_split(64 * 64, 320, tile=t) == (1, 320)
     w = weight(fmt, (40, 320), seed=15)
     x, bias = rnd(37, 320, seed=16).to(dtype), rnd(40, seed=17).to(dtype)
     want = REF["linear"](x.float(), on(w, "cpu", torch.float32), bias.float())
@@ -146,6 +147,24 @@ def test_linear_batch_invariant_split_k(device, fmt, dtype, monkeypatch):
     for i in (0, 20, 36):
         one = gemm.linear(x[i:i + 1].to(device), wd, bias.to(device), batch_invariant=True)
         assert torch.equal(one, full[i:i + 1])
+
+
+@pytest.mark.parametrize("tile", [None, (16, 32, 32, 2), (32, 64, 32, 4), (16, 16, 64, 2)])
+def test_linear_batch_invariant_f32_tiles(device, tile, monkeypatch):
+    """Float32 activations in batch-invariant mode take gemm.BI_TILE_F32 (None: the one in use; the
+    others: tiles benchmarks/nvidia_bi_linear.py may pick) at mid-v4's mHC mixing shape (N = 24,
+    K = 8192, split K): each row alone gives the bits it gives in a batch of 37, within float32
+    tolerance of the reference."""
+    if tile is not None:
+        monkeypatch.setattr(gemm, "BI_TILE_F32", tile)
+    w = weight("dense", (24, 8192), seed=30)
+    x = rnd(37, 8192, seed=31)
+    want = REF["linear"](x, w, None)
+    wd = on(w, device, torch.float32)
+    full = gemm.linear(x.to(device), wd, batch_invariant=True)
+    assert rel(full, want) < TOL[torch.float32]
+    for i in (0, 36):
+        assert torch.equal(gemm.linear(x[i:i + 1].to(device), wd, batch_invariant=True), full[i:i + 1])
 
 
 @pytest.mark.parametrize("fmt", ["dense", "fp8_block128", "fp8_block32", "mxfp4"])
@@ -207,7 +226,7 @@ def test_grouped_batch_invariant_split_k(device, fmt, monkeypatch):
     monkeypatch.setattr(gemm, "USE_QGEMM", False)
     monkeypatch.setattr(gemm, "BI_MIN_KC", 64)
     monkeypatch.setattr(gemm, "BI_MIN_PROGRAMS", 64)
-    assert gemm.bi_split(64, 256, 5) == (4, 64)
+    assert gemm.bi_split(64, 256, 5, tile=(64, 64, 64)) == (4, 64)
     sizes = torch.tensor([3, 0, 17, 1, 9])
     w = weight(fmt, (5, 64, 256), seed=18)
     x = rnd(int(sizes.sum()), 256, seed=19)
