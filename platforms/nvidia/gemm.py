@@ -28,9 +28,10 @@ BI_TILE = (64, 64, 64)  # BM, BN, BK in batch-invariant mode, for every M
 BI_GROUP_TILE = (64, 64, 64)  # grouped GEMMs in batch-invariant mode: tuned apart from plain linears
 # batch-invariant float32 activations (IEEE dots: FMA on CUDA cores, not tensor cores): BM, BN, BK
 # and warps, for every M. These are mid-v4's mHC mixing linears (N = 24, K = 8192) and routers
-# (N = 32, K = 2048): a 64 x 64 tile pads N and spills, so 37 of them took 1.0 ms of a decode step
-# against cuBLAS's 0.38 ms in default mode (H100, docs/performance.md)
-BI_TILE_F32 = (64, 64, 64, 4)
+# (N = 32, K = 2048). The 64 x 64 x 64 tile of the bf16 linears took 1,069 us for a decode step's 37
+# of them at batch 64, against cuBLAS's 390 us in default mode; this one 449 us, with K split as
+# before (H100, benchmarks/nvidia_bi_linear.py, docs/performance.md, 2026-12-06)
+BI_TILE_F32 = (16, 32, 32, 2)
 # batch-invariant split-K: below this many column tiles, K is cut into chunks of at least
 # BI_MIN_KC so that a decode-sized linear (N = 24 .. 2048) is not streamed by a few SMs
 BI_MIN_PROGRAMS = 128
