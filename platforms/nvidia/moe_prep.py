@@ -14,6 +14,7 @@ from shuili.platforms.nvidia.common import cdiv, interpreting, pow2
 
 MAX_ROWS = 4096  # above this (prefill, eager), torch's sort: one program's row loop grows with the rows (not timed)
 TILE_VALUES = 4096
+MAX_GROUPS = 1024  # _tiles_kernel holds every group's count in one program
 
 
 @triton.jit
@@ -37,8 +38,14 @@ def _prep_kernel(ids_ptr, order_ptr, sizes_ptr, te_ptr, t0_ptr, t1_ptr, N, E, NT
         tl.store(order_ptr + pos, i.to(tl.int64), mask=i < N)
         run += tl.sum(hot, axis=0)
     tl.store(sizes_ptr + ex, cnt.to(tl.int64), mask=eok)
-    # tile map, as group_tiles below builds it: tile j belongs to the first expert whose cumulative
-    # tile count exceeds j (-1 past the last)
+    _tile_map(cnt, start, ex, eok, te_ptr, t0_ptr, t1_ptr, E, NT, BM, TC)
+
+
+@triton.jit
+def _tile_map(cnt, start, ex, eok, te_ptr, t0_ptr, t1_ptr, E, NT, BM, TC: tl.constexpr):
+    """The tile map of group_tiles from the rows per group (cnt [EP]) and each group's first row
+    (start [EP]): tile j belongs to the first group whose cumulative tile count exceeds j (-1 past
+    the last)."""
     per = tl.where(eok, (cnt + BM - 1) // BM, 0)
     ctile = tl.cumsum(per, 0)
     first = ctile - per
@@ -55,9 +62,32 @@ def _prep_kernel(ids_ptr, order_ptr, sizes_ptr, te_ptr, t0_ptr, t1_ptr, N, E, NT
         tl.store(t1_ptr + j, (start_g + cnt_g).to(tl.int64), mask=jok)
 
 
+@triton.jit
+def _tiles_kernel(sizes_ptr, te_ptr, t0_ptr, t1_ptr, E, NT, BM, EP: tl.constexpr, TC: tl.constexpr):
+    ex = tl.arange(0, EP)
+    eok = ex < E
+    cnt = tl.load(sizes_ptr + ex, mask=eok, other=0).to(tl.int32)
+    _tile_map(cnt, tl.cumsum(cnt, 0) - cnt, ex, eok, te_ptr, t0_ptr, t1_ptr, E, NT, BM, TC)
+
+
 def group_tiles(group_sizes: torch.Tensor, m: int, bm: int):
     """Tile map for rows sorted by group, built on the device (no host sync, graph safe):
-    per tile its group (-1 = unused), first row and end row."""
+    per tile its group (-1 = unused), first row and end row. One launch (_tiles_kernel) where
+    Triton runs; torch's ~20 small kernels (each grouped linear of a decode step paid them: mid-v4's
+    wo_a, 12 a step) on a plain CPU, or past MAX_GROUPS groups."""
+    e = group_sizes.numel()
+    if 0 < e <= MAX_GROUPS and m < 2 ** 31 and (group_sizes.device.type != "cpu" or interpreting()):
+        nt = cdiv(m, bm) + e
+        dev = group_sizes.device
+        te, t0, t1 = (torch.empty(nt, dtype=torch.int64, device=dev) for _ in range(3))
+        ep = pow2(e, 2)
+        tc = max(16, min(128, TILE_VALUES // ep))
+        _tiles_kernel[(1,)](group_sizes.contiguous(), te, t0, t1, e, nt, bm, EP=ep, TC=tc, num_warps=4)
+        return te, t0, t1, nt
+    return _group_tiles_torch(group_sizes, m, bm)
+
+
+def _group_tiles_torch(group_sizes: torch.Tensor, m: int, bm: int):
     gs = group_sizes.to(torch.int64)
     e = gs.numel()
     per = (gs + bm - 1) // bm
