@@ -514,6 +514,25 @@ def test_hc_shapes_are_checked(device):
         mhc.hc_expand(f, x[:, 0], post, comb)
 
 
+@pytest.mark.parametrize("shape,limit", [((5, 64), 1.0), ((3, 2, 3000), None), ((7, 3000), 7.0), ((0, 8), 1.0)])
+def test_swiglu_one_launch(device, shape, limit):
+    """The fused swiglu against the reference: two column blocks (I = 1500), leading dims, a
+    strided input, no limit, an empty batch; NaN stays NaN under the clamp."""
+    gu = rnd(*shape, seed=84, std=3)
+    if gu.numel():
+        gu.view(-1, shape[-1])[0, 0] = float("nan")
+    want = REF["swiglu"](gu.reshape(-1, shape[-1]), limit).reshape(*shape[:-1], shape[-1] // 2)
+    for x in (gu.to(device), torch.cat([gu, gu], -1).to(device)[..., :shape[-1]]):  # contiguous, strided
+        got = misc.swiglu(x, limit)
+        assert got.shape == want.shape and got.dtype == gu.dtype
+        if gu.numel():
+            assert torch.isnan(got.view(-1, shape[-1] // 2)[0, 0])
+            ok = ~torch.isnan(want)
+            assert rel(got.cpu()[ok], want[ok]) < 1e-6
+    with pytest.raises(ValueError, match="must be even"):
+        misc.swiglu(gu[..., :3].to(device), limit)
+
+
 def test_small_ops(device):
     ids, table = torch.tensor([3, 0, 7, 3]), rnd(9, 16, seed=80)
     assert torch.equal(misc.embedding(ids.to(device), table.to(device)).cpu(), REF["embedding"](ids, table))
