@@ -63,10 +63,11 @@ def token_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, pos: torch.Te
     block_tables [B, max_blocks]; seq_idx, pos int64 of one shape; per_block = entries per block.
     Entries before 0, past the table, or in a freed (-1) block get slot -1.
     """
+    # every decode step's graph runs this 7 times, 14 small kernels each: widening after the gather
+    # casts N entries, not the whole table
     nb = block_tables.shape[1]
-    blk = torch.div(pos.clamp(min=0), per_block, rounding_mode="floor")
-    ok = (pos >= 0) & (blk < nb)
-    phys = block_tables.long()[seq_idx, blk.clamp(max=nb - 1)]
-    ok = ok & (phys >= 0)
-    slot = phys * per_block + pos.clamp(min=0) % per_block
-    return torch.where(ok, slot, torch.full_like(slot, -1))
+    p = pos.clamp(min=0)
+    blk = torch.div(p, per_block, rounding_mode="floor")
+    phys = block_tables[seq_idx, blk.clamp(max=nb - 1)].long()
+    slot = phys * per_block + p % per_block
+    return torch.where((pos >= 0) & (blk < nb) & (phys >= 0), slot, -1)
