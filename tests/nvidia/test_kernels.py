@@ -456,6 +456,36 @@ def test_indexer_topk_exact(device, fmt):
 
 
 # ------------------------------------------------------------------------------ small ops, sampling
+@pytest.mark.parametrize("e,k,renorm", [(32, 6, True), (256, 8, True), (300, 16, False), (8, 1, True), (5, 5, True)])
+@pytest.mark.parametrize("scoring", ["sqrtsoftplus", "sigmoid"])
+def test_routing_kernel_equals_the_torch_path(device, e, k, renorm, scoring, monkeypatch):
+    """_route_kernel (one launch) against the torch path it replaces, on the same device: on a GPU
+    the same bits (same float64 libdevice functions, one rounding, IEEE sqrt and division, the
+    same keys and tree); under the interpreter (no libdevice) the same experts and weights within
+    1e-6. Ties in the scores pick the lower expert id, as the key says."""
+    logits, bias = rnd(37, e, seed=90, std=3), rnd(e, seed=91, std=0.1)
+    logits[3] = 0.25  # a row of ties
+    tid = torch.stack([torch.randperm(e, generator=g(300 + i))[:k] for i in range(40)])
+    toks = torch.randint(0, 40, (37,), generator=g(92))
+    cases = [("topk", lambda: moe.moe_route_topk(logits.to(device), bias.to(device), k, scoring, renorm, 2.5)),
+             ("topk, no bias", lambda: moe.moe_route_topk(logits.to(device), None, k, scoring, renorm, 1.0)),
+             ("hash", lambda: moe.moe_route_hash(logits.to(device), toks.to(device), tid.to(device), scoring,
+                                                 renorm, 1.5))]
+    for name, run in cases:
+        w, ids = run()
+        with monkeypatch.context() as mp:
+            mp.setattr(moe, "FUSED", {})
+            tw, tids = run()
+        assert w.dtype == torch.float32 and ids.dtype == torch.int64 and w.shape == (37, k), name
+        assert torch.equal(ids, tids), name
+        if name == "topk, no bias":
+            assert ids[3].tolist() == list(range(k)), name  # tied scores: ascending ids
+        if device == "cuda":
+            assert torch.equal(w, tw), name
+        else:
+            assert rel(w, tw) < 1e-6, name
+
+
 def test_routing_and_sinkhorn(device):
     logits, bias = rnd(21, 16, seed=70, std=2), rnd(16, seed=71, std=0.1)
     for scoring in ("sqrtsoftplus", "softmax", "sigmoid"):
