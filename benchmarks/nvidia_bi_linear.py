@@ -25,8 +25,7 @@ from collections import Counter
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import triton.testing as tt  # noqa: E402
-from nvidia_qgemm import L2_BYTES  # noqa: E402
+from nvidia_qgemm import L2_BYTES, graph_time  # noqa: E402
 
 from shuili.core.models.deepseek_v4_config import named  # noqa: E402
 from shuili.core.models.deepseek_v4_loader import schema  # noqa: E402
@@ -60,21 +59,6 @@ def step_linears(model: str = "mid-v4") -> dict[str, Counter]:
     return out
 
 
-def graph_time(calls, rep_ms=30):
-    """Seconds per call of the list `calls`, replayed from one CUDA graph (median)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    return tt.do_bench(g.replay, warmup=10, rep=rep_ms, return_mode="median") * 1e-3 / len(calls)
-
-
 def one_shape(n, k, m, dtype, bi):
     """(graph-replayed seconds of linear(x [m, k], W [n, k]) over rotated weight copies, row m - 1
     alone equal to it in the batch, relative error against float64)."""
@@ -82,7 +66,7 @@ def one_shape(n, k, m, dtype, bi):
     g = torch.Generator(device=DEV).manual_seed(n * 7 + k)
     ws = [Weight.dense(torch.randn(n, k, device=DEV, generator=g).to(dtype) * k ** -0.5) for _ in range(copies)]
     x = torch.randn(max(m, 2), k, device=DEV, generator=g).to(dtype)[:m]
-    t = graph_time([lambda w=w: gemm.linear(x, w, batch_invariant=bi) for w in ws])
+    t = graph_time([lambda w=w: gemm.linear(x, w, batch_invariant=bi) for w in ws], ms=30)
     full = gemm.linear(x, ws[0], batch_invariant=bi)
     one = gemm.linear(x[m - 1:m].clone(), ws[0], batch_invariant=bi)
     want = x.double() @ ws[0].data.double().t()
