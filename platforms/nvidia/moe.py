@@ -135,8 +135,8 @@ def moe_route_hash(logits, token_ids, tid2eid, scoring, renormalize, scaling):
     tok = token_ids.to(torch.int64)
     e = logits.shape[1]
     check(tok, in_range(0, tid2eid.shape[0]), f"token ids must lie in [0, {tid2eid.shape[0]})")
-    ids = tid2eid.to(torch.int64)[tok]
-    check(ids, in_range(0, e), f"tid2eid holds expert ids outside [0, {e})")
+    # the rows are gathered inside the check, so a captured step (which skips it) does not gather them
+    check(tok, lambda t: in_range(0, e)(tid2eid[t]), f"tid2eid holds expert ids outside [0, {e})")
     if _fused(logits, tid2eid.shape[1], scoring):
         return _route(logits, None, tok, tid2eid, tid2eid.shape[1], scoring, renormalize, scaling)
-    return _finish(_score(logits, scoring), ids, renormalize, scaling)
+    return _finish(_score(logits, scoring), tid2eid.to(torch.int64)[tok], renormalize, scaling)

@@ -486,6 +486,18 @@ def test_routing_kernel_equals_the_torch_path(device, e, k, renorm, scoring, mon
             assert rel(w, tw) < 1e-6, name
 
 
+def test_hash_routing_checks_its_inputs():
+    """Eager calls on CPU tensors check token ids and the tid2eid rows they pick (a captured step
+    skips both; core/runner.py and the loaders check them before)."""
+    logits, tid = rnd(3, 8, seed=93), torch.tensor([[0, 1], [2, 9], [4, 5]])
+    with pytest.raises(ValueError, match="token ids must lie in"):
+        moe.moe_route_hash(logits, torch.tensor([0, 3, 1]), tid, "sigmoid", True, 1.0)
+    with pytest.raises(ValueError, match="tid2eid holds expert ids outside"):
+        moe.moe_route_hash(logits, torch.tensor([0, 1, 2]), tid, "sigmoid", True, 1.0)
+    w, ids = moe.moe_route_hash(logits, torch.tensor([0, 2, 2]), tid, "sigmoid", True, 1.0)
+    assert ids.tolist() == [[0, 1], [4, 5], [4, 5]]
+
+
 def test_routing_and_sinkhorn(device):
     logits, bias = rnd(21, 16, seed=70, std=2), rnd(16, seed=71, std=0.1)
     for scoring in ("sqrtsoftplus", "softmax", "sigmoid"):
