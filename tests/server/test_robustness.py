@@ -76,12 +76,18 @@ BAD = [  # (endpoint, raw body, words the message must contain, the param it nam
 ]
 
 
-def _stream_in_thread(url: str, body: dict, result: dict) -> threading.Thread:
+def _stream_in_thread(url: str, body: dict, result: dict, first: threading.Event | None = None) -> threading.Thread:
+    """Stream body in a thread into result (text, finish, n or error); `first` is set once the first
+    chunk has arrived (the request is admitted and running)."""
     def run():
         try:
             with OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300) as c:
                 kw = {k: v for k, v in body.items() if k != "ignore_eos"}
-                chunks = list(c.completions.create(**kw, extra_body={"ignore_eos": body.get("ignore_eos", False)}))
+                chunks = []
+                for ch in c.completions.create(**kw, extra_body={"ignore_eos": body.get("ignore_eos", False)}):
+                    chunks.append(ch)
+                    if first is not None:
+                        first.set()
             result["text"] = "".join(ch.choices[0].text for ch in chunks if ch.choices)
             result["finish"] = [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1]
             result["n"] = sum(1 for ch in chunks if ch.choices)
@@ -152,10 +158,17 @@ def test_a_full_queue_answers_503_with_retry_after(server):
 
 
 def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(server):
+    # Both requests are seen streaming before the signal, in order: the long one first, then the
+    # short one's first chunk. (Waiting to see both running at once raced: on a fast host the short
+    # request ended between two polls, the wait ran out after 60 s, and the long one had finished.)
+    # What is left timed: the short one's last 9 tokens fit the 2 s drain on any host above
+    # 5 tok/s, and the long one's ~490 do not below 245 tok/s (SmolLM2 on one CPU thread).
     short, long_ = {}, {}
-    t1 = _stream_in_thread(server.url, {**LONG, "max_tokens": 3}, short)
-    t2 = _stream_in_thread(server.url, LONG, long_)
-    wait_for(server.url, lambda st: st["running"] == 2)
+    long_running, short_running = threading.Event(), threading.Event()
+    t2 = _stream_in_thread(server.url, {**LONG, "max_tokens": 500}, long_, long_running)
+    assert long_running.wait(60), long_
+    t1 = _stream_in_thread(server.url, {**LONG, "max_tokens": 10}, short, short_running)
+    assert short_running.wait(60), short
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     with pytest.raises(httpx.HTTPError):
@@ -165,5 +178,5 @@ def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(server):
     t1.join(120)
     t2.join(120)
     assert short.get("finish") == "length", short
-    assert long_.get("finish") == "abort" and long_["n"] < LONG["max_tokens"], long_
+    assert long_.get("finish") == "abort" and long_["n"] < 500, long_
     assert server.proc.wait(sh.STOP_TIMEOUT_S) == 0, server.log()
