@@ -19,23 +19,17 @@ MAX_K, MAX_E = 16, 4096  # one program holds a token's E scores and k picks
 
 
 @triton.jit
-def _tree_sum(w, KP: tl.constexpr):
-    """hal.numerics.tree_sum of w [KP] (KP a power of two <= 16, zero-padded): element i pairs
-    with i + width/2 at each level; a sum over two elements is one add."""
-    if KP >= 16:
-        w = tl.sum(tl.reshape(w, [2, 8]), 0)
-    if KP >= 8:
-        w = tl.sum(tl.reshape(w, [2, 4]), 0)
-    if KP >= 4:
-        w = tl.sum(tl.reshape(w, [2, 2]), 0)
-    if KP >= 2:
-        w = tl.sum(tl.reshape(w, [2, 1]), 0)
-    return tl.sum(w, 0)
+def _tree_sum(w, KP: tl.constexpr, LEVELS: tl.constexpr):
+    """hal.numerics.tree_sum of w [KP] (KP = 2^LEVELS, zero-padded), as mhc.py's collapse sums its
+    streams: element i pairs with i + half at each level; a sum over two elements is one add."""
+    for lvl in tl.static_range(LEVELS):
+        w = tl.sum(tl.reshape(w, (2, KP >> (lvl + 1))), axis=0)
+    return tl.sum(w, axis=0)
 
 
 @triton.jit
 def _route_kernel(logits_ptr, bias_ptr, tok_ptr, tid_ptr, w_ptr, ids_ptr, E, s_l, s_tid, scaling,
-                  K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr, SCORING: tl.constexpr,
+                  K: tl.constexpr, KP: tl.constexpr, LEVELS: tl.constexpr, EP: tl.constexpr, SCORING: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HASH: tl.constexpr, RENORM: tl.constexpr, INTERP: tl.constexpr):
     """One token: scores, the top-k (or the hash table's k experts), their weights. Each step is the
     torch path's operation in the same precision: float64 libdevice exp / log1p, one rounding to
@@ -74,7 +68,7 @@ def _route_kernel(logits_ptr, bias_ptr, tok_ptr, tid_ptr, w_ptr, ids_ptr, E, s_l
         pick = tl.sum(tl.where(jj == j, ids, 0), 0)
         w = tl.where(jj == j, tl.sum(tl.where(e == pick, s, 0.0), 0), w)
     if RENORM:
-        w = tl.math.div_rn(w, _tree_sum(w, KP) + 1e-20)
+        w = tl.math.div_rn(w, _tree_sum(w, KP, LEVELS) + 1e-20)
     w = w * scaling
     tl.store(w_ptr + t * K + jj, w, mask=jj < K)
     tl.store(ids_ptr + t * K + jj, ids, mask=jj < K)
@@ -94,7 +88,8 @@ def _route(logits, bias, tok, tid2eid, k, scoring, renormalize, scaling):
     tid = tid2eid.contiguous() if tid2eid is not None else ids
     _route_kernel[(t,)](lg, bias.float().contiguous() if bias is not None else lg,
                         tok if tok is not None else ids, tid, w, ids, e, lg.stride(0), tid.stride(0),
-                        float(scaling), K=k, KP=pow2(k), EP=pow2(e, 2), SCORING=FUSED[scoring],
+                        float(scaling), K=k, KP=pow2(k), LEVELS=pow2(k).bit_length() - 1, EP=pow2(e, 2),
+                        SCORING=FUSED[scoring],
                         HAS_BIAS=bias is not None, HASH=tid2eid is not None, RENORM=bool(renormalize),
                         INTERP=interpreting())
     return w, ids
