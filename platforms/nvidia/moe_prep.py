@@ -70,6 +70,13 @@ def _tiles_kernel(sizes_ptr, te_ptr, t0_ptr, t1_ptr, E, NT, BM, EP: tl.constexpr
     _tile_map(cnt, tl.cumsum(cnt, 0) - cnt, ex, eok, te_ptr, t0_ptr, t1_ptr, E, NT, BM, TC)
 
 
+def _widths(e: int) -> tuple[int, int]:
+    """(groups padded to a power of two, rows or tiles per chunk): [chunk, groups] tiles of about
+    TILE_VALUES values."""
+    ep = pow2(e, 2)
+    return ep, max(16, min(128, TILE_VALUES // ep))
+
+
 def group_tiles(group_sizes: torch.Tensor, m: int, bm: int):
     """Tile map for rows sorted by group, built on the device (no host sync, graph safe):
     per tile its group (-1 = unused), first row and end row. One launch (_tiles_kernel) where
@@ -80,8 +87,7 @@ def group_tiles(group_sizes: torch.Tensor, m: int, bm: int):
         nt = cdiv(m, bm) + e
         dev = group_sizes.device
         te, t0, t1 = (torch.empty(nt, dtype=torch.int64, device=dev) for _ in range(3))
-        ep = pow2(e, 2)
-        tc = max(16, min(128, TILE_VALUES // ep))
+        ep, tc = _widths(e)
         _tiles_kernel[(1,)](group_sizes.contiguous(), te, t0, t1, e, nt, bm, EP=ep, TC=tc, num_warps=4)
         return te, t0, t1, nt
     return _group_tiles_torch(group_sizes, m, bm)
@@ -116,8 +122,7 @@ def moe_prep(flat: torch.Tensor, e: int, bm: int):
     order = torch.empty(n, dtype=torch.int64, device=dev)
     sizes = torch.empty(e, dtype=torch.int64, device=dev)
     te, t0, t1 = (torch.empty(nt, dtype=torch.int64, device=dev) for _ in range(3))
-    ep = pow2(e, 2)
-    bc = max(16, min(128, TILE_VALUES // ep))  # [rows, experts] tiles of about TILE_VALUES values
+    ep, bc = _widths(e)
     _prep_kernel[(1,)](flat.contiguous(), order, sizes, te, t0, t1, n, e, nt, bm,
                        BC=bc, EP=ep, TC=bc, num_warps=4)
     return order, sizes, (te, t0, t1, nt)
