@@ -4,7 +4,9 @@ one-launch tile map of grouped_linear against the same torch tile map."""
 import pytest
 import torch
 
+from shuili.hal.types import Weight
 from shuili.platforms.nvidia import gemm
+from shuili.platforms.nvidia import moe_prep as mp
 from shuili.platforms.nvidia.moe_prep import MAX_GROUPS, MAX_ROWS, _group_tiles_torch, group_tiles, moe_prep
 
 
@@ -54,11 +56,9 @@ def test_group_tiles_kernel_equals_torch(device, sizes, bm):
 
 def test_grouped_linear_takes_one_launch_for_its_tile_map(device, monkeypatch):
     """Only _tiles_kernel builds the tile map (the torch path is not called) on a Triton device."""
-    from shuili.platforms.nvidia import moe_prep as mp
     monkeypatch.setattr(gemm, "USE_QGEMM", False)
     monkeypatch.setattr(mp, "_group_tiles_torch", lambda *a: pytest.fail("torch tile map used"))
     w = torch.randn(4, 32, 64)
-    from shuili.hal.types import Weight
     x = torch.randn(4 * 5, 64)
     y = gemm.grouped_linear(x.to(device), Weight.dense(w.to(device)), torch.full((4,), 5).to(device))
     want = torch.einsum("gtk,gnk->gtn", x.view(4, 5, 64).double(), w.double()).reshape(20, 32)
