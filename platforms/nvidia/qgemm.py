@@ -8,8 +8,8 @@ tile:
   e8m0 byte per group broadcasts in registers (the old kernel gathered a scale byte per element, one
   load instruction each);
 - e2m1 decodes with two shifts and a mask per element into float32 bits worth e2m1 * 2^-126, and
-  two exact multiplies apply 2^126 times the scale (_e2m1_x8); the bf16 operand is the high half of
-  those bits. Row tiles under 64 (mma.sync) dot the even-K and odd-K halves against the activation's
+  two exact multiplies apply 2^126 times the scale (quant.e2m1_x8); the bf16 operand is the high
+  half of those bits. Row tiles under 64 (mma.sync) dot the even-K and odd-K halves against the activation's
   even and odd columns; 64-row tiles interleave them back into K order for one warpgroup MMA;
 - fp8_block128 scales (one power of two per 128 x 128 block) multiply the [BM, BN] partial of each
   K step, not the [BN, BK] weight tile: exact either way, since a power of two commutes with
@@ -40,7 +40,7 @@ import triton.language as tl
 from shuili.hal.types import Weight
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting, pow2
 from shuili.platforms.nvidia.moe_prep import moe_prep
-from shuili.platforms.nvidia.quant import e4m3_to_f32
+from shuili.platforms.nvidia.quant import e2m1_x8, e4m3_to_f32
 
 FMT_ID = {"fp8_block128": 1, "mxfp4": 2}
 BI_TILE = (64, 64, 128)  # BM, BN, BK in batch-invariant mode, for every M
@@ -72,35 +72,6 @@ F32_BK = 32
 
 # ------------------------------------------------------------------------------------ weight tiles
 @triton.jit
-def _e2m1_x8(word, sb):
-    """The 8 e2m1 codes of int32 words (byte j: code 2j in the low nibble, 2j + 1 in the high one)
-    times 2^(sb - 127) for e8m0 bytes sb (int32, broadcast against word; 255 = NaN), exact float32:
-    (lo, hi), each [..., 4], lo[..., j] = element 2j, hi[..., j] = element 2j + 1.
-
-    A magnitude m = code & 7 placed as m << 22 is the float32 e2m1(m) * 2^-126 (code 1 lands on the
-    subnormal 2^-127, codes 2..7 on exponent and mantissa), so a code needs two shifts and a mask:
-    (x << s) >> 6 (arithmetic) brings the nibble's sign bit to bit 31 and its magnitude to bits
-    22..24. The 2^126 folds into the scale, 2^(sb - 1), split as f1 * f2 so that neither overflows
-    (2^253 does not fit a float32): f1 = 2^(min(sb, 128) - 1), f2 = 2^(max(sb, 128) - 128) or NaN.
-    Every product is exact or overflows as the reference's does (to inf); small scales give
-    subnormal results, which the multiplies keep (the kernels' FMULs are not flush-to-zero:
-    benchmarks/qgemm_sass.py counts any FTZ op)."""
-    f1 = ((tl.minimum(sb, 128) + 126) << 23).to(tl.float32, bitcast=True)
-    f2 = tl.where(sb == 255, 0x7FC00000, (tl.maximum(sb, 128) - 1) << 23).to(tl.float32, bitcast=True)
-    m = -0x7E400000  # 0x81C00000 written signed: Triton types the literal int32
-    l0 = (((word << 28) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    h0 = (((word << 24) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    l1 = (((word << 20) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    h1 = (((word << 16) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    l2 = (((word << 12) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    h2 = (((word << 8) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    l3 = (((word << 4) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    h3 = ((word >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    # join(join(x0, x2), join(x1, x3))[..., p, q] = x_{2p + q}
-    return tl.join(tl.join(l0, l2), tl.join(l1, l3)), tl.join(tl.join(h0, h2), tl.join(h1, h3))
-
-
-@triton.jit
 def _to_bf16(v):
     """float32 -> bfloat16 by taking the high half of the bits: exact for values with at most 8
     significant bits (dequantized e2m1: 2), subnormals included, with no rounding conversion to
@@ -123,7 +94,7 @@ def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN
     off = e * (s_we // 4) + cols[:, None, None] * (s_wn // 4) + (gk // 8)[None, :, None] + jj[None, None, :]
     word = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + off, mask=gok[:, :, None], other=0)  # [BN, G, 4]
     sb = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :], mask=gok, other=127)
-    lo, hi = _e2m1_x8(word, sb.to(tl.int32)[:, :, None])  # [BN, G, 4, 4] each
+    lo, hi = e2m1_x8(word, sb.to(tl.int32)[:, :, None])  # [BN, G, 4, 4] each
     return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
 
 

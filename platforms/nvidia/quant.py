@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from shuili.hal.formats import bytes_per_row, kv_spec  # noqa: F401 (bytes_per_row: for attention, indexer)
-from shuili.platforms.nvidia.common import pow2
+from shuili.platforms.nvidia.common import interpreting, pow2
 
 FORMAT_ID = {"none": 0, "mxfp8": 1, "fp4_e4m3": 2, "mxfp4": 3}  # the kernels' FMT constexpr
 
@@ -90,6 +90,36 @@ def ue8m0_exponent(amax, floor, elem_max):
     return ((b >> 23) & 255) + ((b & 0x7FFFFF) != 0).to(tl.int32)
 
 
+@triton.jit
+def e2m1_x8(word, sb):
+    """The 8 e2m1 codes of int32 words (byte j: code 2j in the low nibble, 2j + 1 in the high one)
+    times 2^(sb - 127) for e8m0 bytes sb (int32, broadcast against word; 255 = NaN), exact float32:
+    (lo, hi), each [..., 4], lo[..., j] = element 2j, hi[..., j] = element 2j + 1.
+
+    A magnitude m = code & 7 placed as m << 22 is the float32 e2m1(m) * 2^-126 (code 1 lands on the
+    subnormal 2^-127, codes 2..7 on exponent and mantissa), so a code needs two shifts and a mask:
+    (x << s) >> 6 (arithmetic) brings the nibble's sign bit to bit 31 and its magnitude to bits
+    22..24. The 2^126 folds into the scale, 2^(sb - 1), split as f1 * f2 so that neither overflows
+    (2^253 does not fit a float32): f1 = 2^(min(sb, 128) - 1), f2 = 2^(max(sb, 128) - 128) or NaN.
+    Every product is exact or overflows as the reference's does (to inf); small scales give
+    subnormal results, which the multiplies keep (the kernels' FMULs are not flush-to-zero:
+    benchmarks/qgemm_sass.py counts any FTZ op). Used by
+    qgemm's mxfp4 weight tiles and split_rows below."""
+    f1 = ((tl.minimum(sb, 128) + 126) << 23).to(tl.float32, bitcast=True)
+    f2 = tl.where(sb == 255, 0x7FC00000, (tl.maximum(sb, 128) - 1) << 23).to(tl.float32, bitcast=True)
+    m = -0x7E400000  # 0x81C00000 written signed: Triton types the literal int32
+    l0 = (((word << 28) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    h0 = (((word << 24) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    l1 = (((word << 20) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    h1 = (((word << 16) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    l2 = (((word << 12) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    h2 = (((word << 8) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    l3 = (((word << 4) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    h3 = ((word >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    # join(join(x0, x2), join(x1, x3))[..., p, q] = x_{2p + q}
+    return tl.join(tl.join(l0, l2), tl.join(l1, l3)), tl.join(tl.join(h0, h2), tl.join(h1, h3))
+
+
 # ----------------------------------------------------------------------------------- row access
 @triton.jit
 def load_packed_rows(base, rows_ok, cols, D: tl.constexpr, FMT: tl.constexpr):
@@ -112,6 +142,82 @@ def load_packed_rows(base, rows_ok, cols, D: tl.constexpr, FMT: tl.constexpr):
             v = e2m1_to_f32(nib) * e8m0_to_f32(s)
     return tl.where(ok, v, 0.0)
 
+
+@triton.jit
+def _e4m3(c, NATIVE: tl.constexpr):
+    """e4m3 bytes (int32, 0..255) as float32: the hardware conversion, or the bit decode under the
+    interpreter. The two agree on every code a quantizer writes (they differ on 0x7F / 0xFF, which the
+    hardware reads as NaN, as the reference does)."""
+    if NATIVE:
+        return c.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return e4m3_to_f32(c)
+
+
+@triton.jit
+def split_rows(base, ok, D: tl.constexpr, DP: tl.constexpr, FMT: tl.constexpr, WORDS: tl.constexpr,
+               NATIVE: tl.constexpr):
+    """Packed rows (FMT 1-3) dequantized as their even and odd elements, float32 (ev, od), each
+    [R, DP // 2]: ev[:, i] = element 2i, od[:, i] = element 2i + 1; rows not ok and elements >= D
+    read 0. base: uint8 pointer tensor [R], one per row.
+
+    Why halves: an fp4 byte holds elements 2i (low nibble) and 2i + 1 (high), so the halves come
+    out of whole-byte loads with two shifts and a mask each, and each scale group is an axis that its
+    one scale byte broadcasts over. The caller dots the halves against its own even and odd columns
+    (or joins them back into D order). load_packed_rows loads a byte and a scale byte per element
+    instead and takes about 3x the instructions. WORDS (row bytes a multiple of 4, rows 4-byte aligned): the bytes load as
+    int32 words; else as bytes. The values are the reference's (quant.kv_dequantize) exactly."""
+    G: tl.constexpr = DP // (16 if FMT == 2 else 32)  # scale groups
+    gi = tl.arange(0, G)
+    gok = ok[:, None] & (gi[None, :] < D // (16 if FMT == 2 else 32))  # [R, G]
+    if FMT == 1:  # mxfp8: D e4m3 bytes, then D/32 e8m0 scales
+        s = e8m0_to_f32(tl.load(base[:, None] + D + gi[None, :], mask=gok, other=127))
+        if WORDS:
+            kk = tl.arange(0, 8)
+            w = tl.load(base.to(tl.pointer_type(tl.int32))[:, None, None] + gi[None, :, None] * 8
+                        + kk[None, None, :], mask=gok[:, :, None], other=0)  # [R, G, 8]
+            ev = _e4m3(tl.join(w & 255, (w >> 16) & 255), NATIVE) * s[:, :, None, None]  # [R, G, 8, 2]
+            od = _e4m3(tl.join((w >> 8) & 255, (w >> 24) & 255), NATIVE) * s[:, :, None, None]
+        else:
+            off = gi[None, :, None] * 32 + 2 * tl.arange(0, 16)[None, None, :]
+            ce = tl.load(base[:, None, None] + off, mask=gok[:, :, None], other=0).to(tl.int32)
+            co = tl.load(base[:, None, None] + off + 1, mask=gok[:, :, None], other=0).to(tl.int32)
+            ev = _e4m3(ce, NATIVE) * s[:, :, None]
+            od = _e4m3(co, NATIVE) * s[:, :, None]
+    else:  # fp4_e4m3: D/2 bytes, D/16 e4m3 scales; mxfp4: D/2 bytes, D/32 e8m0 scales
+        sb = tl.load(base[:, None] + D // 2 + gi[None, :], mask=gok, other=127 if FMT == 3 else 0)
+        sb = sb.to(tl.int32)
+        NB: tl.constexpr = 8 if FMT == 2 else 16  # bytes per scale group
+        if WORDS:
+            kk = tl.arange(0, NB // 4)
+            w = tl.load(base.to(tl.pointer_type(tl.int32))[:, None, None] + gi[None, :, None] * (NB // 4)
+                        + kk[None, None, :], mask=gok[:, :, None], other=0)  # [R, G, NB/4]
+            if FMT == 2:  # the exact e2m1 values (scale byte 127 is 2^0), times the e4m3 scale
+                ev, od = e2m1_x8(w, tl.full([1, 1, 1], 127, tl.int32))  # [R, G, 2, 2, 2]
+                f = _e4m3(sb, NATIVE)[:, :, None, None, None]
+                ev = ev * f
+                od = od * f
+            else:
+                ev, od = e2m1_x8(w, sb[:, :, None])
+        else:
+            off = gi[None, :, None] * NB + tl.arange(0, NB)[None, None, :]
+            b = tl.load(base[:, None, None] + off, mask=gok[:, :, None], other=0).to(tl.int32)
+            m = -0x7E400000  # e2m1_x8's mask 0x81C00000, written signed
+            ev = (((b << 28) >> 6) & m).to(tl.float32, bitcast=True)  # e2m1 * 2^-126
+            od = (((b << 24) >> 6) & m).to(tl.float32, bitcast=True)
+            if FMT == 2:
+                f = _e4m3(sb, NATIVE)[:, :, None]
+                ev = ev * 8.507059173023462e37 * f  # 2^126: exact e2m1, then the scale, both exact
+                od = od * 8.507059173023462e37 * f
+            else:
+                f1 = ((tl.minimum(sb, 128) + 126) << 23).to(tl.float32, bitcast=True)[:, :, None]
+                f2 = tl.where(sb == 255, 0x7FC00000, (tl.maximum(sb, 128) - 1) << 23)
+                f2 = f2.to(tl.float32, bitcast=True)[:, :, None]
+                ev = ev * f1 * f2
+                od = od * f1 * f2
+    ev = tl.reshape(ev, [ok.shape[0], DP // 2])
+    od = tl.reshape(od, [ok.shape[0], DP // 2])
+    rok = ok[:, None]
+    return tl.where(rok, ev, 0.0), tl.where(rok, od, 0.0)
 
 # -------------------------------------------------------------------------------------- kernels
 @triton.jit
@@ -154,12 +260,14 @@ def _quantize_kernel(x_ptr, out_ptr, N, D: tl.constexpr, G: tl.constexpr, FMT: t
 
 @triton.jit
 def _dequantize_kernel(p_ptr, out_ptr, N, D: tl.constexpr, DP: tl.constexpr, FMT: tl.constexpr,
-                       ROW_BYTES: tl.constexpr, ROWS: tl.constexpr):
+                       ROW_BYTES: tl.constexpr, ROWS: tl.constexpr, WORDS: tl.constexpr,
+                       NATIVE: tl.constexpr):
     pid = tl.program_id(0)
     r = pid * ROWS + tl.arange(0, ROWS)
     rok = r < N
+    ev, od = split_rows(p_ptr + r.to(tl.int64) * ROW_BYTES, rok, D, DP, FMT, WORDS, NATIVE)
+    v = tl.reshape(tl.join(ev, od), [ROWS, DP])  # element 2i, 2i + 1 side by side: D order
     c = tl.arange(0, DP)
-    v = load_packed_rows(p_ptr + r.to(tl.int64) * ROW_BYTES, rok, c, D, FMT)
     tl.store(out_ptr + r[:, None].to(tl.int64) * D + c[None, :], v, mask=rok[:, None] & (c[None, :] < D))
 
 
@@ -188,6 +296,9 @@ def kv_dequantize(packed: torch.Tensor, fmt: str, dim: int) -> torch.Tensor:
     out = torch.empty(n, dim, dtype=torch.float32, device=packed.device)
     if n:
         rows = max(1, min(16, 4096 // pow2(dim)))
-        _dequantize_kernel[(triton.cdiv(n, rows),)](packed.contiguous(), out, n, D=dim, DP=pow2(dim),
-                                                    FMT=FORMAT_ID[fmt], ROW_BYTES=rb, ROWS=rows)
+        packed = packed.contiguous()
+        _dequantize_kernel[(triton.cdiv(n, rows),)](packed, out, n, D=dim, DP=pow2(dim), FMT=FORMAT_ID[fmt],
+                                                    ROW_BYTES=rb, ROWS=rows,
+                                                    WORDS=rb % 4 == 0 and packed.data_ptr() % 4 == 0,
+                                                    NATIVE=not interpreting())
     return out

@@ -8,6 +8,7 @@ import triton.language as tl
 from shuili.hal.types import Weight
 from shuili.platforms.nvidia import gemm, qgemm
 from shuili.platforms.nvidia.moe_prep import moe_prep
+from shuili.platforms.nvidia.quant import e2m1_x8
 from shuili.platforms.reference import quant
 from shuili.platforms.reference.ops import OPS as REF
 
@@ -110,7 +111,7 @@ def _decode_kernel(w_ptr, s_ptr, f_ptr, b_ptr, N: tl.constexpr):
     r = tl.arange(0, N)
     word = tl.load(w_ptr + r[:, None] * 4 + tl.arange(0, 4)[None, :])  # [N, 4] int32: 32 codes a row
     sb = tl.load(s_ptr + r).to(tl.int32)[:, None]
-    lo, hi = qgemm._e2m1_x8(word, sb)
+    lo, hi = e2m1_x8(word, sb)
     v = tl.reshape(tl.join(lo, hi), (N, 32))  # K order
     c = tl.arange(0, 32)
     tl.store(f_ptr + r[:, None] * 32 + c[None, :], v)
