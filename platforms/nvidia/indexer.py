@@ -6,51 +6,81 @@ import torch
 import triton
 import triton.language as tl
 
-from shuili.platforms.nvidia.common import cdiv, desc_key, key_ids, pow2
-from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, load_packed_rows
+from shuili.platforms.nvidia.common import cdiv, desc_key, interpreting, key_ids, pow2
+from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, split_rows
 
 
 @triton.jit
 def _score_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, H, ratio, E_MAX, s_qt,
-                  s_qh, s_bt, ROW, BS: tl.constexpr, DK: tl.constexpr, DKP: tl.constexpr,
-                  HP: tl.constexpr, BE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr):
+                  s_qh, s_bt, ROW, RA: tl.constexpr, BS: tl.constexpr, DK: tl.constexpr, DKP: tl.constexpr,
+                  HP: tl.constexpr, BE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
+                  WORDS: tl.constexpr, NATIVE: tl.constexpr, KEYS: tl.constexpr):
+    """Scores of BE keys for one token. Packed keys (FMT > 0) are dequantized as even and odd
+    halves (quant.split_rows) and dotted against q's even and odd columns: q . k = q_e . k_e +
+    q_o . k_o, one fixed order, so a score depends on its own query and key only. KEYS: out is
+    int64, each score's desc_key (common.py) with its entry id, ready for an exact top-k."""
     t = tl.program_id(0).to(tl.int64)
     e = tl.program_id(1) * BE + tl.arange(0, BE)
     b = tl.load(seq_ptr + t)
     nvis = (tl.load(pos_ptr + t) + 1) // ratio
     if tl.program_id(1) * BE >= nvis:  # past this token's visible keys (the grid spans the longest table)
-        tl.store(out_ptr + t * E_MAX + e, tl.full([BE], float("-inf"), tl.float32), mask=e < E_MAX)
+        _store(out_ptr + t * E_MAX + e, tl.full([BE], float("-inf"), tl.float32), e, e < E_MAX, KEYS)
         return
     eok = e < nvis
     h = tl.arange(0, HP)
     hok = h < H
-    d = tl.arange(0, DKP)
-    dok = d < DK
-    q = tl.load(q_ptr + t * s_qt + h[:, None] * s_qh + d[None, :], mask=hok[:, None] & dok[None, :],
-                other=0.0)
     page = tl.load(bt_ptr + b * s_bt + e // BS, mask=eok, other=0)
     slot = page.to(tl.int64) * BS + e % BS
+    # RA: the largest power of two (<= 16) dividing ROW, so what each row's bytes may be loaded as.
+    # Stated, since Triton 3.6 derives more from page (other=0) and e % BS: it vectorized the row
+    # loads by 8-16 bytes on 17- to 68-byte rows, a misaligned address on the GPU.
+    at = k_ptr + tl.multiple_of(slot * ROW, RA)
+    qrow = q_ptr + t * s_qt + h[:, None] * s_qh
     if FMT == 0:
-        keys = tl.load(k_ptr + slot[:, None] * ROW + d[None, :], mask=eok[:, None] & dok[None, :],
-                       other=0.0)
+        d = tl.arange(0, DKP)
+        dok = d < DK
+        q = tl.load(qrow + d[None, :], mask=hok[:, None] & dok[None, :], other=0.0)
+        keys = tl.load(at[:, None] + d[None, :], mask=eok[:, None] & dok[None, :],
+                       other=0.0).to(q.dtype)
+        if F32:
+            dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
+        else:
+            dots = tl.dot(q, tl.trans(keys))
     else:
-        keys = load_packed_rows(k_ptr + slot * ROW, eok, d, DK, FMT)
-    keys = keys.to(q.dtype)
-    if F32:
-        dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
-    else:
-        dots = tl.dot(q, tl.trans(keys))
+        d2 = tl.arange(0, DKP // 2)
+        qok = hok[:, None] & (d2 < DK // 2)[None, :]
+        qe = tl.load(qrow + 2 * d2[None, :], mask=qok, other=0.0)
+        qo = tl.load(qrow + 2 * d2[None, :] + 1, mask=qok, other=0.0)
+        ke, ko = split_rows(at, eok, DK, DKP, FMT, WORDS, NATIVE)
+        ke = ke.to(qe.dtype)
+        ko = ko.to(qe.dtype)
+        if F32:
+            dots = tl.dot(qo, tl.trans(ko), tl.dot(qe, tl.trans(ke), input_precision="ieee"),
+                          input_precision="ieee")
+        else:
+            dots = tl.dot(qo, tl.trans(ko), tl.dot(qe, tl.trans(ke)))
     w = tl.load(w_ptr + t * H + h, mask=hok, other=0.0)
     score = tl.sum(w[:, None] * tl.maximum(dots, 0.0), axis=0)
-    tl.store(out_ptr + t * E_MAX + e, tl.where(eok, score, float("-inf")), mask=e < E_MAX)
+    _store(out_ptr + t * E_MAX + e, tl.where(eok, score, float("-inf")), e, e < E_MAX, KEYS)
 
 
-def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format):
-    """float32 [T, E_MAX] scores, -inf past each query's visible entries (E_MAX = the table's width)."""
+@triton.jit
+def _store(at, score, e, ok, KEYS: tl.constexpr):
+    if KEYS:  # desc_key(score, e): the float's bits made monotone, then the id descending
+        bits = score.to(tl.int32, bitcast=True)
+        mono = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+        tl.store(at, (mono << 32) + (0xFFFFFFFF - e.to(tl.int64)), mask=ok)
+    else:
+        tl.store(at, score, mask=ok)
+
+
+def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format, keys=False):
+    """float32 [T, E_MAX] scores, -inf past each query's visible entries (E_MAX = the table's width);
+    keys: their int64 desc_key instead (common.py)."""
     t, h, dk = q.shape
     nb, bs = k_cache.shape[:2]
     e_max = block_tables.shape[1] * bs
-    scores = torch.empty(t, e_max, dtype=torch.float32, device=q.device)
+    scores = torch.empty(t, e_max, dtype=torch.int64 if keys else torch.float32, device=q.device)
     if t == 0 or e_max == 0:
         return scores
     row = dk if k_format == "none" else bytes_per_row(k_format, dk)
@@ -62,22 +92,33 @@ def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio
     _score_kernel[(t, cdiv(e_max, be))](
         q, weights.float().contiguous(), rows, block_tables.to(torch.int32).contiguous(), seq,
         positions.to(torch.int64).contiguous(), scores, h, int(ratio), e_max, q.stride(0), q.stride(1),
-        block_tables.shape[1], row, BS=bs, DK=dk, DKP=pow2(dk, 16), HP=pow2(h, 16), BE=be,
-        FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32)
+        block_tables.shape[1], row, RA=min(16, row & -row), BS=bs, DK=dk, DKP=pow2(dk, 16), HP=pow2(h, 16), BE=be,
+        FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32, WORDS=row % 4 == 0 and rows.data_ptr() % 4 == 0,
+        NATIVE=not interpreting(), KEYS=keys)
     return scores
+
+
+_NO_SCORE = int(desc_key(torch.tensor([float("-inf")]), torch.zeros(1, dtype=torch.int64))[0]) >> 32
 
 
 def _top(scores: torch.Tensor, k: int, width: int) -> torch.Tensor:
     """int32 [T, width]: ids of the k highest finite scores (desc, ties to the lower id), -1 padded."""
     t, n = scores.shape
-    out = torch.full((t, width), -1, dtype=torch.int32, device=scores.device)
+    if t == 0 or min(k, n) == 0:
+        return torch.full((t, width), -1, dtype=torch.int32, device=scores.device)
+    ids = torch.arange(n, device=scores.device).expand(t, n)
+    return _top_keys(desc_key(scores, ids), k, width)
+
+
+def _top_keys(keys: torch.Tensor, k: int, width: int) -> torch.Tensor:
+    """_top on the scores' desc_keys: a key above -inf's is a finite score."""
+    t, n = keys.shape
+    out = torch.full((t, width), -1, dtype=torch.int32, device=keys.device)
     k = min(k, n)
     if t == 0 or k == 0:
         return out
-    ids = torch.arange(n, device=scores.device).expand(t, n)
-    top = key_ids(torch.topk(desc_key(scores, ids), k, dim=1, sorted=True).values)
-    valid = torch.gather(scores, 1, top) > float("-inf")
-    out[:, :k] = torch.where(valid, top, -1).to(torch.int32)
+    top = torch.topk(keys, k, dim=1, sorted=True).values
+    out[:, :k] = torch.where((top >> 32) > _NO_SCORE, key_ids(top), -1).to(torch.int32)
     return out
 
 
@@ -85,8 +126,8 @@ def indexer_topk(q, weights, k_cache, block_tables, query_start_loc, positions, 
                  k_format="none"):
     if ratio <= 0 or topk <= 0:
         raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
-    scores = _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format)
-    return _top(scores, topk, topk)
+    keys = _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format, keys=True)
+    return _top_keys(keys, topk, topk)
 
 
 def indexer_select(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, topk,

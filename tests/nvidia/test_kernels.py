@@ -426,10 +426,11 @@ def test_sparse_attention_empty_rows(device, monkeypatch, sinks, fmts):
     assert rel(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("dk", [64, 128])  # mxfp4 rows of 34 bytes (byte loads) and 68 (int32 words)
 @pytest.mark.parametrize("fmt", ["none", "mxfp4"])
-def test_indexer_topk_exact(device, fmt):
+def test_indexer_topk_exact(device, fmt, dk):
     gen = g(60)
-    b, bs, ratio, h, dk, topk = 3, 8, 4, 4, 64, 6
+    b, bs, ratio, h, topk = 3, 8, 4, 4, 6
     toks = [70, 9, 33]
     ql = [3, 1, 33]
     ents = [max(1, n // ratio) for n in toks]
