@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from shuili.platforms.nvidia.common import cdiv, num_sms, pow2
-from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, e4m3_to_f32, e8m0_to_f32, load_packed_rows
+from shuili.platforms.nvidia.common import cdiv, interpreting, num_sms, pow2
+from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, split_rows
 
 BI_SPLIT = 1024  # kv positions per split in batch-invariant mode
 NEG = tl.constexpr(-1e30)  # finite start of the running max (see the module docstring)
@@ -247,8 +247,9 @@ def _sparse_tiles(d: int, h: int, packed: bool):
     - packed rows (dequantized in registers, [BL, D] fp32 before the cast): the register-heavy
       case. TR (the transposed products k q^T, then acc^T = K^T p^T; q^T sits in the B operand)
       with BL 16, 4 warps, 2 stages: 65 us mxfp8 (197 registers, no spills); the same without TR
-      85 us (254 registers), BL 32 71-76 us (spills), 8 warps 82-105 us. The fp4 formats take
-      this tile too (not timed against the old kernel).
+      85 us (254 registers), BL 32 71-76 us (spills), 8 warps 82-105 us. Those were timed with the
+      row decode before quant.split_rows (the rows now come in as even/odd halves, q^T and acc^T
+      split with them); benchmarks/nvidia_sparse_decode.py --tiles sweeps this tile again.
     SPARSE_SPLIT on the bf16 case: 64 -> 34 us, 128 -> 29.5 us, 256 -> 28.5 us; 128 keeps 5
     programs a token there (64 x 5 = 320 for 132 SMs) where 256 gives 3, for smaller T.
     """
@@ -259,30 +260,17 @@ def _sparse_tiles(d: int, h: int, packed: bool):
 
 
 @triton.jit
-def _mxfp8_rows(base, ok, D: tl.constexpr, DP: tl.constexpr, BL: tl.constexpr):
-    """quant.load_packed_rows for whole mxfp8 rows [BL, DP] (float32; rows not ok and columns >= D
-    read as 0): the codes by contiguous loads and each group's e8m0 scale loaded once and broadcast
-    over its 32 elements, where load_packed_rows gathers a scale byte per element (with it the
-    packed tile of _sparse_tiles took 115 us, not 65). The same exact decode operations, so
-    bit-identical values. (The fp4 formats keep load_packed_rows: unpacking their nibbles with
-    tl.join + reshape measured 454 us on that case.)"""
-    NG: tl.constexpr = DP // 32
-    gi = tl.arange(0, NG)
-    dd = tl.arange(0, DP)
-    c = tl.load(base[:, None] + dd[None, :], mask=ok[:, None] & (dd[None, :] < D), other=0)
-    s = tl.load(base[:, None] + D + gi[None, :], mask=ok[:, None] & (gi[None, :] < D // 32), other=127)
-    v = tl.reshape(e4m3_to_f32(c), [BL, NG, 32]) * e8m0_to_f32(s)[:, :, None]
-    return tl.where(ok[:, None], tl.reshape(v, [BL, DP]), 0.0)
-
-
-@triton.jit
-def _sparse_chunk(q, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.constexpr, BH: tl.constexpr,
+def _sparse_chunk(q, qo, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.constexpr, BH: tl.constexpr,
                   DP: tl.constexpr, D: tl.constexpr, BL: tl.constexpr, SPLIT: tl.constexpr,
-                  FMT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr):
-    """Partial (m, l, acc) of columns c*SPLIT .. c*SPLIT+SPLIT-1 of token t's index row (idx rows
-    are contiguous, L apart). The steps stop after the chunk's last valid (>= 0) column, so
+                  FMT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr, WORDS: tl.constexpr,
+                  NATIVE: tl.constexpr):
+    """Partial (m, l, acc, acc_o) of columns c*SPLIT .. c*SPLIT+SPLIT-1 of token t's index row (idx
+    rows are contiguous, L apart). The steps stop after the chunk's last valid (>= 0) column, so
     trailing -1 columns (padding) cost nothing and a chunk of only -1 takes no step (m = NEG,
-    l = 0). With TR, q is q^T [DP, BH] and the returned acc is acc^T [DP, BH]."""
+    l = 0). Without TR, q is [BH, DP] and acc [BH, DP] (acc_o repeats it). With TR (the packed-row
+    tile), q and qo are the even and odd rows of q^T, [DP/2, BH] each, and acc, acc_o the even and
+    odd rows of acc^T: rows come in as even/odd halves (quant.split_rows), so k . q = k_e . q_e +
+    k_o . q_o, and p V splits by column with no change to any sum."""
     irow = idx_ptr + t * L
     c0 = c * SPLIT
     col = tl.arange(0, SPLIT)
@@ -291,30 +279,41 @@ def _sparse_chunk(q, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.constexpr,
     m = tl.full([BH], NEG, tl.float32)
     l = tl.zeros([BH], tl.float32)
     if TR:
-        acc = tl.zeros([DP, BH], tl.float32)
+        acc = tl.zeros([DP // 2, BH], tl.float32)
+        acc_o = tl.zeros([DP // 2, BH], tl.float32)
     else:
         acc = tl.zeros([BH, DP], tl.float32)
+        acc_o = acc
     for b in range(0, nblk):
         li = c0 + b * BL + tl.arange(0, BL)
         idx = tl.load(irow + li, mask=li < L, other=-1)
         ok = idx >= 0
-        if FMT == 0:
-            kv = tl.load(kv_ptr + idx[:, None].to(tl.int64) * ROW + d[None, :],
-                         mask=ok[:, None] & dok[None, :], other=0.0)
-        elif FMT == 1:
-            kv = _mxfp8_rows(kv_ptr + idx.to(tl.int64) * ROW, ok, D, DP, BL)
-        else:
-            kv = load_packed_rows(kv_ptr + idx.to(tl.int64) * ROW, ok, d, D, FMT)
-        kv = kv.to(q.dtype)
         if TR:
-            sc = _dot(kv, q, F32) * scale  # [BL, BH]
-            sc = tl.where(ok[:, None], sc, float("-inf"))
+            if FMT == 0:
+                d2 = tl.arange(0, DP // 2)
+                at = kv_ptr + idx[:, None].to(tl.int64) * ROW + 2 * d2[None, :]
+                kok = ok[:, None] & (d2 < D // 2)[None, :]
+                ke = tl.load(at, mask=kok, other=0.0)
+                ko = tl.load(at + 1, mask=kok, other=0.0)
+            else:
+                ke, ko = split_rows(kv_ptr + idx.to(tl.int64) * ROW, ok, D, DP, FMT, WORDS, NATIVE)
+            ke = ke.to(q.dtype)
+            ko = ko.to(q.dtype)
+            if F32:
+                sc = tl.dot(ko, qo, tl.dot(ke, q, input_precision="ieee"), input_precision="ieee")
+            else:
+                sc = tl.dot(ko, qo, tl.dot(ke, q))
+            sc = tl.where(ok[:, None], sc * scale, float("-inf"))  # [BL, BH]
             m_new = tl.maximum(m, tl.max(sc, axis=0))
             alpha = tl.exp(m - m_new)
             pr = tl.exp(sc - m_new[None, :])
             l = l * alpha + tl.sum(pr, axis=0)
-            acc = acc * alpha[None, :] + _dot(tl.trans(kv), pr.to(kv.dtype), F32)
+            pk = pr.to(ke.dtype)
+            acc = acc * alpha[None, :] + _dot(tl.trans(ke), pk, F32)
+            acc_o = acc_o * alpha[None, :] + _dot(tl.trans(ko), pk, F32)
         else:
+            kv = tl.load(kv_ptr + idx[:, None].to(tl.int64) * ROW + d[None, :],
+                         mask=ok[:, None] & dok[None, :], other=0.0).to(q.dtype)
             sc = _dot(q, tl.trans(kv), F32) * scale  # [BH, BL]
             sc = tl.where(ok[None, :], sc, float("-inf"))
             m_new = tl.maximum(m, tl.max(sc, axis=1))
@@ -322,8 +321,9 @@ def _sparse_chunk(q, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.constexpr,
             pr = tl.exp(sc - m_new[:, None])
             l = l * alpha + tl.sum(pr, axis=1)
             acc = acc * alpha[:, None] + _dot(pr.to(kv.dtype), kv, F32)
+            acc_o = acc
         m = m_new
-    return m, l, acc
+    return m, l, acc, acc_o
 
 
 @triton.jit
@@ -331,8 +331,9 @@ def _sparse_kernel(q_ptr, pm_ptr, pl_ptr, pacc_ptr, scale, H, NS, P0, s_qt, s_qh
                    kv0, ix0, L0, E0, kv1, ix1, L1, E1, kv2, ix2, L2,
                    NC: tl.constexpr, F0: tl.constexpr, F1: tl.constexpr, F2: tl.constexpr,
                    R0: tl.constexpr, R1: tl.constexpr, R2: tl.constexpr,
+                   W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
                    D: tl.constexpr, DP: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr,
-                   SPLIT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr):
+                   SPLIT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr, NATIVE: tl.constexpr):
     """Grid (T, head blocks, chunks of this launch's NC caches); chunk z is cache 0's chunk z while
     z < E0, then cache 1's chunk z - E0 while z < E1, then cache 2's; it writes partial P0 + z."""
     t = tl.program_id(0).to(tl.int64)
@@ -341,39 +342,45 @@ def _sparse_kernel(q_ptr, pm_ptr, pl_ptr, pacc_ptr, scale, H, NS, P0, s_qt, s_qh
     hok = h < H
     d = tl.arange(0, DP)
     dok = d < D
-    if TR:
-        q = tl.load(q_ptr + t * s_qt + h[None, :] * s_qh + d[:, None],
-                    mask=hok[None, :] & dok[:, None], other=0.0)
+    qrow = q_ptr + t * s_qt
+    if TR:  # q^T's even and odd rows [DP/2, BH]
+        d2 = tl.arange(0, DP // 2)
+        qok = hok[None, :] & (d2 < D // 2)[:, None]
+        q = tl.load(qrow + h[None, :] * s_qh + 2 * d2[:, None], mask=qok, other=0.0)
+        qo = tl.load(qrow + h[None, :] * s_qh + 2 * d2[:, None] + 1, mask=qok, other=0.0)
     else:
-        q = tl.load(q_ptr + t * s_qt + h[:, None] * s_qh + d[None, :],
-                    mask=hok[:, None] & dok[None, :], other=0.0)
+        q = tl.load(qrow + h[:, None] * s_qh + d[None, :], mask=hok[:, None] & dok[None, :], other=0.0)
+        qo = q
     if NC == 1:
-        m, l, acc = _sparse_chunk(q, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D, BL, SPLIT,
-                                  F0, F32, TR)
+        m, l, acc, acc_o = _sparse_chunk(q, qo, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D, BL,
+                                         SPLIT, F0, F32, TR, W0, NATIVE)
     elif NC == 2:
         if z < E0:
-            m, l, acc = _sparse_chunk(q, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D, BL,
-                                      SPLIT, F0, F32, TR)
+            m, l, acc, acc_o = _sparse_chunk(q, qo, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D,
+                                             BL, SPLIT, F0, F32, TR, W0, NATIVE)
         else:
-            m, l, acc = _sparse_chunk(q, kv1, ix1, t, z - E0, L1, scale, d, dok, R1, BH, DP, D, BL,
-                                      SPLIT, F1, F32, TR)
+            m, l, acc, acc_o = _sparse_chunk(q, qo, kv1, ix1, t, z - E0, L1, scale, d, dok, R1, BH, DP,
+                                             D, BL, SPLIT, F1, F32, TR, W1, NATIVE)
     else:
         if z < E0:
-            m, l, acc = _sparse_chunk(q, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D, BL,
-                                      SPLIT, F0, F32, TR)
+            m, l, acc, acc_o = _sparse_chunk(q, qo, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D,
+                                             BL, SPLIT, F0, F32, TR, W0, NATIVE)
         elif z < E1:
-            m, l, acc = _sparse_chunk(q, kv1, ix1, t, z - E0, L1, scale, d, dok, R1, BH, DP, D, BL,
-                                      SPLIT, F1, F32, TR)
+            m, l, acc, acc_o = _sparse_chunk(q, qo, kv1, ix1, t, z - E0, L1, scale, d, dok, R1, BH, DP,
+                                             D, BL, SPLIT, F1, F32, TR, W1, NATIVE)
         else:
-            m, l, acc = _sparse_chunk(q, kv2, ix2, t, z - E1, L2, scale, d, dok, R2, BH, DP, D, BL,
-                                      SPLIT, F2, F32, TR)
+            m, l, acc, acc_o = _sparse_chunk(q, qo, kv2, ix2, t, z - E1, L2, scale, d, dok, R2, BH, DP,
+                                             D, BL, SPLIT, F2, F32, TR, W2, NATIVE)
     row = (t * H + h) * NS + P0 + z
     tl.store(pm_ptr + row, m, mask=hok)
     tl.store(pl_ptr + row, l, mask=hok)
     # a row with l = 0 (an empty chunk) leaves acc unwritten: the combine reads acc only where l > 0
     live = hok & (l > 0)
     if TR:
-        tl.store(pacc_ptr + row[None, :] * D + d[:, None], acc, mask=live[None, :] & dok[:, None])
+        at = pacc_ptr + row[None, :] * D + 2 * d2[:, None]
+        aok = live[None, :] & (d2 < D // 2)[:, None]
+        tl.store(at, acc, mask=aok)
+        tl.store(at + 1, acc_o, mask=aok)
     else:
         tl.store(pacc_ptr + row[:, None] * D + d[None, :], acc, mask=live[:, None] & dok[None, :])
 
@@ -400,8 +407,9 @@ def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None):
             raise ValueError(f"sparse_attention: indices[{ci}] has shape {tuple(idx.shape)}, "
                              f"expected [{t}, L]")
         idx = idx.to(torch.int32).contiguous()
-        caches.append((cache.reshape(-1, row).contiguous(), idx, idx.shape[1],
-                       cdiv(idx.shape[1], split), FORMAT_ID[fmt], row))
+        rows = cache.reshape(-1, row).contiguous()
+        words = row % 4 == 0 and rows.data_ptr() % 4 == 0  # packed rows load as int32 words
+        caches.append((rows, idx, idx.shape[1], cdiv(idx.shape[1], split), FORMAT_ID[fmt], row, words))
     ns = sum(c[3] for c in caches)
     pm, pl, pacc = _partials(t, h, ns, d, q.device)
     q = q.contiguous()
@@ -414,13 +422,14 @@ def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None):
         pad = grp + [grp[0]] * (_SPARSE_CACHES - len(grp))  # unused slots (never reached)
         end = 0
         args = []
-        for i, (rows, idx, ln, nch, _, _) in enumerate(pad):
+        for i, (rows, idx, ln, nch, *_) in enumerate(pad):
             end += nch if i < len(grp) else 0
             args += [rows, idx, ln] + ([end] if i < _SPARSE_CACHES - 1 else [])
         _sparse_kernel[(t, cdiv(h, bh), nz)](
             q, pm, pl, pacc, float(scale), h, ns, p0, q.stride(0), q.stride(1), *args,
             NC=len(grp), F0=pad[0][4], F1=pad[1][4], F2=pad[2][4], R0=pad[0][5], R1=pad[1][5],
-            R2=pad[2][5], D=d, DP=pow2(d, 16), BH=bh, BL=bl, SPLIT=split,
-            F32=q.dtype == torch.float32, TR=tr, num_warps=warps, num_stages=stages)
+            R2=pad[2][5], W0=pad[0][6], W1=pad[1][6], W2=pad[2][6], D=d, DP=pow2(d, 16), BH=bh, BL=bl,
+            SPLIT=split, F32=q.dtype == torch.float32, TR=tr, NATIVE=not interpreting(), num_warps=warps,
+            num_stages=stages)
         p0 += nz
     return _combine(pm, pl, pacc, sinks.float().contiguous() if sinks is not None else None, out)

@@ -318,8 +318,9 @@ def test_paged_attention_invariant_mode(device, monkeypatch):
 
 @pytest.mark.parametrize("fmts", [("none",), ("mxfp8", "fp4_e4m3"), ("none", "mxfp4")])
 @pytest.mark.parametrize("sinks", [False, True])
-def test_sparse_attention(device, fmts, sinks):
-    t, h, d = 9, 8, 64
+@pytest.mark.parametrize("d", [64, 128])  # packed rows of 66/36/34 bytes (byte and word loads), 132/72/68 (words)
+def test_sparse_attention(device, fmts, sinks, d):
+    t, h = 9, 8
     kv, idx = [], []
     for i, f in enumerate(fmts):
         rows = rnd(3 * 16, d, seed=40 + i)
