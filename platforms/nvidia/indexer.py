@@ -6,19 +6,18 @@ import torch
 import triton
 import triton.language as tl
 
-from shuili.platforms.nvidia.common import cdiv, desc_key, interpreting, key_ids, pow2
-from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, split_rows
+from shuili.platforms.nvidia.common import cdiv, desc_key, key_ids, pow2
+from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, load_packed_rows
 
 
 @triton.jit
 def _score_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, H, ratio, E_MAX, s_qt,
                   s_qh, s_bt, ROW, RA: tl.constexpr, BS: tl.constexpr, DK: tl.constexpr, DKP: tl.constexpr,
                   HP: tl.constexpr, BE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
-                  WORDS: tl.constexpr, NATIVE: tl.constexpr, KEYS: tl.constexpr):
-    """Scores of BE keys for one token. Packed keys (FMT > 0) are dequantized as even and odd
-    halves (quant.split_rows) and dotted against q's even and odd columns: q . k = q_e . k_e +
-    q_o . k_o, one fixed order, so a score depends on its own query and key only. KEYS: out is
-    int64, each score's desc_key (common.py) with its entry id, ready for an exact top-k."""
+                  KEYS: tl.constexpr):
+    """Scores of BE keys for one token (packed keys decoded by quant.load_packed_rows, the faster
+    decode here: see its docstring). KEYS: out is int64, each score's desc_key (common.py) with its
+    entry id, ready for an exact top-k."""
     t = tl.program_id(0).to(tl.int64)
     e = tl.program_id(1) * BE + tl.arange(0, BE)
     b = tl.load(seq_ptr + t)
@@ -35,30 +34,18 @@ def _score_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, H, rat
     # Stated, since Triton 3.6 derives more from page (other=0) and e % BS: it vectorized the row
     # loads by 8-16 bytes on 17- to 68-byte rows, a misaligned address on the GPU.
     at = k_ptr + tl.multiple_of(slot * ROW, RA)
-    qrow = q_ptr + t * s_qt + h[:, None] * s_qh
+    d = tl.arange(0, DKP)
+    dok = d < DK
+    q = tl.load(q_ptr + t * s_qt + h[:, None] * s_qh + d[None, :], mask=hok[:, None] & dok[None, :], other=0.0)
     if FMT == 0:
-        d = tl.arange(0, DKP)
-        dok = d < DK
-        q = tl.load(qrow + d[None, :], mask=hok[:, None] & dok[None, :], other=0.0)
-        keys = tl.load(at[:, None] + d[None, :], mask=eok[:, None] & dok[None, :],
-                       other=0.0).to(q.dtype)
-        if F32:
-            dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
-        else:
-            dots = tl.dot(q, tl.trans(keys))
+        keys = tl.load(at[:, None] + d[None, :], mask=eok[:, None] & dok[None, :], other=0.0)
     else:
-        d2 = tl.arange(0, DKP // 2)
-        qok = hok[:, None] & (d2 < DK // 2)[None, :]
-        qe = tl.load(qrow + 2 * d2[None, :], mask=qok, other=0.0)
-        qo = tl.load(qrow + 2 * d2[None, :] + 1, mask=qok, other=0.0)
-        ke, ko = split_rows(at, eok, DK, DKP, FMT, WORDS, NATIVE)
-        ke = ke.to(qe.dtype)
-        ko = ko.to(qe.dtype)
-        if F32:
-            dots = tl.dot(qo, tl.trans(ko), tl.dot(qe, tl.trans(ke), input_precision="ieee"),
-                          input_precision="ieee")
-        else:
-            dots = tl.dot(qo, tl.trans(ko), tl.dot(qe, tl.trans(ke)))
+        keys = load_packed_rows(at, eok, d, DK, FMT)
+    keys = keys.to(q.dtype)
+    if F32:
+        dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
+    else:
+        dots = tl.dot(q, tl.trans(keys))
     w = tl.load(w_ptr + t * H + h, mask=hok, other=0.0)
     score = tl.sum(w[:, None] * tl.maximum(dots, 0.0), axis=0)
     _store(out_ptr + t * E_MAX + e, tl.where(eok, score, float("-inf")), e, e < E_MAX, KEYS)
@@ -93,8 +80,7 @@ def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio
         q, weights.float().contiguous(), rows, block_tables.to(torch.int32).contiguous(), seq,
         positions.to(torch.int64).contiguous(), scores, h, int(ratio), e_max, q.stride(0), q.stride(1),
         block_tables.shape[1], row, RA=min(16, row & -row), BS=bs, DK=dk, DKP=pow2(dk, 16), HP=pow2(h, 16), BE=be,
-        FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32, WORDS=row % 4 == 0 and rows.data_ptr() % 4 == 0,
-        NATIVE=not interpreting(), KEYS=keys)
+        FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32, KEYS=keys)
     return scores
 
 

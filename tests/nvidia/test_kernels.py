@@ -427,7 +427,7 @@ def test_sparse_attention_empty_rows(device, monkeypatch, sinks, fmts):
     assert rel(got, want) < 1e-5
 
 
-@pytest.mark.parametrize("dk", [64, 128])  # mxfp4 rows of 34 bytes (byte loads) and 68 (int32 words)
+@pytest.mark.parametrize("dk", [64, 128])  # mxfp4 rows of 34 and 68 bytes
 @pytest.mark.parametrize("fmt", ["none", "mxfp4"])
 def test_indexer_topk_exact(device, fmt, dk):
     gen = g(60)
