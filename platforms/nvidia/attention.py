@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from shuili.platforms.nvidia.common import cdiv, interpreting, num_sms, pow2
+from shuili.platforms.nvidia import quant
 from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, split_rows
 
 BI_SPLIT = 1024  # kv positions per split in batch-invariant mode
@@ -408,8 +409,8 @@ def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None):
                              f"expected [{t}, L]")
         idx = idx.to(torch.int32).contiguous()
         rows = cache.reshape(-1, row).contiguous()
-        words = row % 4 == 0 and rows.data_ptr() % 4 == 0  # packed rows load as int32 words
-        caches.append((rows, idx, idx.shape[1], cdiv(idx.shape[1], split), FORMAT_ID[fmt], row, words))
+        caches.append((rows, idx, idx.shape[1], cdiv(idx.shape[1], split), FORMAT_ID[fmt], row,
+                       quant.word_loads(row, rows)))
     ns = sum(c[3] for c in caches)
     pm, pl, pacc = _partials(t, h, ns, d, q.device)
     q = q.contiguous()

@@ -6,6 +6,8 @@ conversions are not used (see docs/platforms/nvidia.md).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -14,6 +16,15 @@ from shuili.hal.formats import bytes_per_row, kv_spec  # noqa: F401 (bytes_per_r
 from shuili.platforms.nvidia.common import interpreting, pow2
 
 FORMAT_ID = {"none": 0, "mxfp8": 1, "fp4_e4m3": 2, "mxfp4": 3}  # the kernels' FMT constexpr
+
+# split_rows may load rows whose byte width is a multiple of 4 as int32 words (else bytes);
+# SHUILI_KV_WORD_LOADS=0 takes bytes everywhere (benchmarks/nvidia_sparse_decode.py times both)
+WORD_LOADS = os.environ.get("SHUILI_KV_WORD_LOADS", "1") == "1"
+
+
+def word_loads(row_bytes: int, rows: torch.Tensor) -> bool:
+    """split_rows' WORDS for rows of row_bytes starting at rows' data pointer."""
+    return WORD_LOADS and row_bytes % 4 == 0 and rows.data_ptr() % 4 == 0
 
 
 # ------------------------------------------------------------------------------- element codes
@@ -301,6 +312,6 @@ def kv_dequantize(packed: torch.Tensor, fmt: str, dim: int) -> torch.Tensor:
         packed = packed.contiguous()
         _dequantize_kernel[(triton.cdiv(n, rows),)](packed, out, n, D=dim, DP=pow2(dim), FMT=FORMAT_ID[fmt],
                                                     ROW_BYTES=rb, ROWS=rows,
-                                                    WORDS=rb % 4 == 0 and packed.data_ptr() % 4 == 0,
+                                                    WORDS=word_loads(rb, packed),
                                                     NATIVE=not interpreting())
     return out
