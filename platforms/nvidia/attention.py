@@ -248,15 +248,20 @@ def _sparse_tiles(d: int, h: int, packed: bool):
     - packed rows (dequantized in registers, [BL, D] fp32 before the cast): the register-heavy
       case. TR (the transposed products k q^T, then acc^T = K^T p^T; q^T sits in the B operand)
       with BL 16, 4 warps, 2 stages: 65 us mxfp8 (197 registers, no spills); the same without TR
-      85 us (254 registers), BL 32 71-76 us (spills), 8 warps 82-105 us. Those were timed with the
-      row decode before quant.split_rows (the rows now come in as even/odd halves, q^T and acc^T
-      split with them); benchmarks/nvidia_sparse_decode.py --tiles sweeps this tile again.
+      85 us (254 registers), BL 32 71-76 us (spills), 8 warps 82-105 us. That was the row decode
+      before quant.split_rows. With the even/odd halves (q^T and acc^T split with them) BL 32 is
+      the faster tile though it spills more (Triton 3.6, sm_90: 255 registers and 192 B of stack,
+      BL 16 16 B): on an H100 (2026-12-06, benchmarks/nvidia_sparse_decode.py --tiles, T64, 128
+      mxfp8 window + 256 / 512 fp4_e4m3 selected rows) BL 32 with 3 stages took 53.3 / 79.9 us against BL 16's
+      65.8 / 96.6 (2 stages: 50.8 / 87.9; BL 64 127-263 us, split 256 60-92 us). Not timed at BL 32:
+      layers of mostly mxfp8 rows (SWA; HCA at short context), where the halves were slower than the
+      decode before them at BL 16 (58 against 42 us, 128 window + 8 compressed rows).
     SPARSE_SPLIT on the bf16 case: 64 -> 34 us, 128 -> 29.5 us, 256 -> 28.5 us; 128 keeps 5
     programs a token there (64 x 5 = 320 for 132 SMs) where 256 gives 3, for smaller T.
     """
     bh = min(pow2(h, 16), 16 if d > 128 else 32)
     if packed:
-        return bh, 16, 4, 2, True
+        return bh, 32, 4, 3, True
     return bh, 32, 4, 2, False
 
 
