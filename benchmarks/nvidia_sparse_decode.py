@@ -175,12 +175,13 @@ def main() -> None:
                             attention._sparse_tiles = lambda d, h, packed, c=(bl, warps, stages): (
                                 16, c[0], c[1], c[2], True)
                             attention.SPARSE_SPLIT = split
-                            name = f"  tile BL{bl} w{warps} s{stages} split{split} {'words' if words else 'bytes'}"
+                            how = "words" if words else "bytes"
+                            name = f"  tile BL{bl} w{warps} s{stages} split{split} {how}"
                             quant.WORD_LOADS = words
                             try:
                                 sec = graph_time([run], args.ms)
                                 record(name, sec, nbytes, rel(run().float(), out.float()))
-                            except Exception as e:  # noqa: BLE001 (a tile that does not compile: say so, go on)
+                            except Exception as e:  # noqa: BLE001 (a tile that fails: say so, go on)
                                 print(f"{name}: {type(e).__name__}")
                 finally:
                     attention._sparse_tiles, attention.SPARSE_SPLIT = base, split0
@@ -189,7 +190,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), copy_rate=rate, batch=t, rows=rows), f, indent=1)
+            json.dump(dict(device=torch.cuda.get_device_name(), copy_rate=rate, batch=t, rows=rows), f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ def _score_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, H, rat
     at = k_ptr + tl.multiple_of(slot * ROW, RA)
     d = tl.arange(0, DKP)
     dok = d < DK
-    q = tl.load(q_ptr + t * s_qt + h[:, None] * s_qh + d[None, :], mask=hok[:, None] & dok[None, :], other=0.0)
+    q = tl.load(q_ptr + t * s_qt + h[:, None] * s_qh + d[None, :], mask=hok[:, None] & dok[None, :],
+                other=0.0)
     if FMT == 0:
         keys = tl.load(at[:, None] + d[None, :], mask=eok[:, None] & dok[None, :], other=0.0)
     else:
@@ -79,8 +80,8 @@ def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio
     _score_kernel[(t, cdiv(e_max, be))](
         q, weights.float().contiguous(), rows, block_tables.to(torch.int32).contiguous(), seq,
         positions.to(torch.int64).contiguous(), scores, h, int(ratio), e_max, q.stride(0), q.stride(1),
-        block_tables.shape[1], row, RA=min(16, row & -row), BS=bs, DK=dk, DKP=pow2(dk, 16), HP=pow2(h, 16), BE=be,
-        FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32, KEYS=keys)
+        block_tables.shape[1], row, RA=min(16, row & -row), BS=bs, DK=dk, DKP=pow2(dk, 16),
+        HP=pow2(h, 16), BE=be, FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32, KEYS=keys)
     return scores
 
 
@@ -97,7 +98,8 @@ def _top(scores: torch.Tensor, k: int, width: int) -> torch.Tensor:
 
 
 def _top_keys(keys: torch.Tensor, k: int, width: int) -> torch.Tensor:
-    """_top on the scores' desc_keys: a key above -inf's is a finite score."""
+    """_top on the scores' desc_keys. A key above -inf's is a score above -inf; a NaN score with
+    its sign bit clear is one too and comes first (as the reference's stable sort puts NaN)."""
     t, n = keys.shape
     out = torch.full((t, width), -1, dtype=torch.int32, device=keys.device)
     k = min(k, n)

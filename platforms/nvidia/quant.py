@@ -177,8 +177,9 @@ def split_rows(base, ok, D: tl.constexpr, DP: tl.constexpr, FMT: tl.constexpr, W
     out of whole-byte loads with two shifts and a mask each, and each scale group is an axis that its
     one scale byte broadcasts over. The caller dots the halves against its own even and odd columns
     (or joins them back into D order). load_packed_rows loads a byte and a scale byte per element
-    instead and takes about 3x the instructions (yet is the faster one in the indexer). WORDS (row bytes a multiple of 4, rows 4-byte aligned): the bytes load as
-    int32 words; else as bytes. The values are the reference's (quant.kv_dequantize) exactly."""
+    instead and takes about 3x the instructions, yet is the faster one in the indexer (see there).
+    WORDS (row bytes a multiple of 4, rows 4-byte aligned): the bytes load as int32 words; else as
+    bytes. The values are the reference's (quant.kv_dequantize) exactly."""
     G: tl.constexpr = DP // (16 if FMT == 2 else 32)  # scale groups
     gi = tl.arange(0, G)
     gok = ok[:, None] & (gi[None, :] < D // (16 if FMT == 2 else 32))  # [R, G]

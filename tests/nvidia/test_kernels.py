@@ -318,7 +318,7 @@ def test_paged_attention_invariant_mode(device, monkeypatch):
 
 @pytest.mark.parametrize("fmts", [("none",), ("mxfp8", "fp4_e4m3"), ("none", "mxfp4")])
 @pytest.mark.parametrize("sinks", [False, True])
-@pytest.mark.parametrize("d", [64, 128])  # packed rows of 66/36/34 bytes (byte and word loads), 132/72/68 (words)
+@pytest.mark.parametrize("d", [64, 128])  # packed rows: 66/36/34 bytes (bytes and words), 132/72/68 (words)
 def test_sparse_attention(device, fmts, sinks, d):
     t, h = 9, 8
     kv, idx = [], []

@@ -69,5 +69,6 @@ def test_split_rows_as_the_reference(device, fmt, d, words, native):
                         NATIVE=native)
     for got, w in ((ev.cpu(), want[:, 0::2]), (od.cpu(), want[:, 1::2])):
         assert torch.equal(torch.isnan(got), torch.isnan(w))
-        same = torch.where(torch.isnan(w), 0, w).view(torch.int32) == torch.where(torch.isnan(got), 0, got).view(torch.int32)
+        bits = [torch.where(torch.isnan(x), 0, x).view(torch.int32) for x in (w, got)]
+        same = bits[0] == bits[1]
         assert same.all(), (fmt, d, words, (~same).nonzero()[:4].tolist())
