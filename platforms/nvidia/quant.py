@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from shuili.hal.formats import bytes_per_row, kv_spec  # noqa: F401 (bytes_per_row: for attention, indexer)
-from shuili.platforms.nvidia.common import interpreting, pow2
+from shuili.platforms.nvidia.common import pow2
 
 FORMAT_ID = {"none": 0, "mxfp8": 1, "fp4_e4m3": 2, "mxfp4": 3}  # the kernels' FMT constexpr
 
@@ -136,9 +136,10 @@ def e2m1_x8(word, sb):
 def load_packed_rows(base, rows_ok, cols, D: tl.constexpr, FMT: tl.constexpr):
     """Dequantize packed rows in element order: a byte and a scale byte loaded per element. base is a
     uint8 pointer tensor [R], one per row; cols [C] element ids. Returns float32 [R, C]; rows not ok
-    read as 0. The indexer's score kernel decodes its mxfp4 keys so: on an H100 (2026-12-06) it
-    scored 64 tokens x 16,384 keys in 226 us, against 399 (bytes) and 452 us (int32 words) for
-    split_rows' even/odd halves (benchmarks/nvidia_sparse_decode.py)."""
+    read as 0. kv_dequantize and the indexer's score kernel decode so. For the indexer's mxfp4 keys it
+    is the faster decode: on an H100 (2026-12-06) the score kernel took 226 us for 64 tokens x 16,384
+    keys, against 399 (bytes) and 452 us (int32 words) with split_rows' even/odd halves
+    (benchmarks/nvidia_sparse_decode.py)."""
     ok = rows_ok[:, None] & (cols[None, :] < D)
     if FMT == 1:  # mxfp8: D e4m3 bytes, D/32 e8m0
         c = tl.load(base[:, None] + cols[None, :], mask=ok, other=0)
@@ -175,8 +176,8 @@ def split_rows(base, ok, D: tl.constexpr, DP: tl.constexpr, FMT: tl.constexpr, W
 
     Why halves: an fp4 byte holds elements 2i (low nibble) and 2i + 1 (high), so the halves come
     out of whole-byte loads with two shifts and a mask each, and each scale group is an axis that its
-    one scale byte broadcasts over. The caller dots the halves against its own even and odd columns
-    (or joins them back into D order). load_packed_rows loads a byte and a scale byte per element
+    one scale byte broadcasts over. The caller dots the halves against its own even and odd columns.
+    load_packed_rows loads a byte and a scale byte per element
     instead and takes about 3x the instructions, yet is the faster one in the indexer (see there).
     WORDS (row bytes a multiple of 4, rows 4-byte aligned): the bytes load as int32 words; else as
     bytes. The values are the reference's (quant.kv_dequantize) exactly."""
@@ -274,14 +275,12 @@ def _quantize_kernel(x_ptr, out_ptr, N, D: tl.constexpr, G: tl.constexpr, FMT: t
 
 @triton.jit
 def _dequantize_kernel(p_ptr, out_ptr, N, D: tl.constexpr, DP: tl.constexpr, FMT: tl.constexpr,
-                       ROW_BYTES: tl.constexpr, ROWS: tl.constexpr, WORDS: tl.constexpr,
-                       NATIVE: tl.constexpr):
+                       ROW_BYTES: tl.constexpr, ROWS: tl.constexpr):
     pid = tl.program_id(0)
     r = pid * ROWS + tl.arange(0, ROWS)
     rok = r < N
-    ev, od = split_rows(p_ptr + r.to(tl.int64) * ROW_BYTES, rok, D, DP, FMT, WORDS, NATIVE)
-    v = tl.reshape(tl.join(ev, od), [ROWS, DP])  # element 2i, 2i + 1 side by side: D order
     c = tl.arange(0, DP)
+    v = load_packed_rows(p_ptr + r.to(tl.int64) * ROW_BYTES, rok, c, D, FMT)
     tl.store(out_ptr + r[:, None].to(tl.int64) * D + c[None, :], v, mask=rok[:, None] & (c[None, :] < D))
 
 
@@ -310,9 +309,6 @@ def kv_dequantize(packed: torch.Tensor, fmt: str, dim: int) -> torch.Tensor:
     out = torch.empty(n, dim, dtype=torch.float32, device=packed.device)
     if n:
         rows = max(1, min(16, 4096 // pow2(dim)))
-        packed = packed.contiguous()
-        _dequantize_kernel[(triton.cdiv(n, rows),)](packed, out, n, D=dim, DP=pow2(dim), FMT=FORMAT_ID[fmt],
-                                                    ROW_BYTES=rb, ROWS=rows,
-                                                    WORDS=word_loads(rb, packed),
-                                                    NATIVE=not interpreting())
+        _dequantize_kernel[(triton.cdiv(n, rows),)](packed.contiguous(), out, n, D=dim, DP=pow2(dim),
+                                                    FMT=FORMAT_ID[fmt], ROW_BYTES=rb, ROWS=rows)
     return out
