@@ -29,10 +29,10 @@ NEG = tl.constexpr(-1e30)  # finite start of the running max (see the module doc
 
 
 @triton.jit
-def _dot(a, b, F32: tl.constexpr):
+def _dot(a, b, F32: tl.constexpr, acc=None):
     if F32:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -252,10 +252,11 @@ def _sparse_tiles(d: int, h: int, packed: bool):
       before quant.split_rows. With the even/odd halves (q^T and acc^T split with them) BL 32 is
       the faster tile though it spills more (Triton 3.6, sm_90: 255 registers and 192 B of stack,
       BL 16 16 B): on an H100 (2026-12-06, benchmarks/nvidia_sparse_decode.py --tiles, T64, 128
-      mxfp8 window + 256 / 512 fp4_e4m3 selected rows) BL 32 with 3 stages took 53.3 / 79.9 us against BL 16's
-      65.8 / 96.6 (2 stages: 50.8 / 87.9; BL 64 127-263 us, split 256 60-92 us). Not timed at BL 32:
-      layers of mostly mxfp8 rows (SWA; HCA at short context), where the halves were slower than the
-      decode before them at BL 16 (58 against 42 us, 128 window + 8 compressed rows).
+      mxfp8 window + 256 / 512 fp4_e4m3 selected rows) BL 32 with 3 stages took 53.3 / 79.9 us
+      against BL 16's 65.8 / 96.6 (2 stages: 50.8 / 87.9; BL 64 127-263 us, split 256 60-92 us).
+      Not timed at BL 32: layers of mostly mxfp8 rows (SWA; HCA at short context), where the halves
+      were slower than the decode before them at BL 16 (58 against 42 us, 128 window + 8 compressed
+      rows).
     SPARSE_SPLIT on the bf16 case: 64 -> 34 us, 128 -> 29.5 us, 256 -> 28.5 us; 128 keeps 5
     programs a token there (64 x 5 = 320 for 132 SMs) where 256 gives 3, for smaller T.
     """
@@ -289,7 +290,6 @@ def _sparse_chunk(q, qo, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.conste
         acc_o = tl.zeros([DP // 2, BH], tl.float32)
     else:
         acc = tl.zeros([BH, DP], tl.float32)
-        acc_o = acc
     for b in range(0, nblk):
         li = c0 + b * BL + tl.arange(0, BL)
         idx = tl.load(irow + li, mask=li < L, other=-1)
@@ -305,10 +305,7 @@ def _sparse_chunk(q, qo, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.conste
                 ke, ko = split_rows(kv_ptr + idx.to(tl.int64) * ROW, ok, D, DP, FMT, WORDS, NATIVE)
             ke = ke.to(q.dtype)
             ko = ko.to(q.dtype)
-            if F32:
-                sc = tl.dot(ko, qo, tl.dot(ke, q, input_precision="ieee"), input_precision="ieee")
-            else:
-                sc = tl.dot(ko, qo, tl.dot(ke, q))
+            sc = _dot(ko, qo, F32, _dot(ke, q, F32))
             sc = tl.where(ok[:, None], sc * scale, float("-inf"))  # [BL, BH]
             m_new = tl.maximum(m, tl.max(sc, axis=0))
             alpha = tl.exp(m - m_new)
@@ -327,8 +324,9 @@ def _sparse_chunk(q, qo, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.conste
             pr = tl.exp(sc - m_new[:, None])
             l = l * alpha + tl.sum(pr, axis=1)
             acc = acc * alpha[:, None] + _dot(pr.to(kv.dtype), kv, F32)
-            acc_o = acc
         m = m_new
+    if not TR:
+        acc_o = acc
     return m, l, acc, acc_o
 
 

@@ -91,8 +91,6 @@ _NO_SCORE = int(desc_key(torch.tensor([float("-inf")]), torch.zeros(1, dtype=tor
 def _top(scores: torch.Tensor, k: int, width: int) -> torch.Tensor:
     """int32 [T, width]: ids of the k highest finite scores (desc, ties to the lower id), -1 padded."""
     t, n = scores.shape
-    if t == 0 or min(k, n) == 0:
-        return torch.full((t, width), -1, dtype=torch.int32, device=scores.device)
     ids = torch.arange(n, device=scores.device).expand(t, n)
     return _top_keys(desc_key(scores, ids), k, width)
 

@@ -9,8 +9,9 @@ tile:
   load instruction each);
 - e2m1 decodes with two shifts and a mask per element into float32 bits worth e2m1 * 2^-126, and
   two exact multiplies apply 2^126 times the scale (quant.e2m1_x8); the bf16 operand is the high
-  half of those bits. Row tiles under 64 (mma.sync) dot the even-K and odd-K halves against the activation's
-  even and odd columns; 64-row tiles interleave them back into K order for one warpgroup MMA;
+  half of those bits. Row tiles under 64 (mma.sync) dot the even-K and odd-K halves against the
+  activation's even and odd columns; 64-row tiles interleave them back into K order for one
+  warpgroup MMA;
 - fp8_block128 scales (one power of two per 128 x 128 block) multiply the [BM, BN] partial of each
   K step, not the [BN, BK] weight tile: exact either way, since a power of two commutes with
   rounding, and the weight tile goes straight from e4m3 to the dot's dtype.

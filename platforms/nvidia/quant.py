@@ -102,31 +102,45 @@ def ue8m0_exponent(amax, floor, elem_max):
 
 
 @triton.jit
-def e2m1_x8(word, sb):
-    """The 8 e2m1 codes of int32 words (byte j: code 2j in the low nibble, 2j + 1 in the high one)
-    times 2^(sb - 127) for e8m0 bytes sb (int32, broadcast against word; 255 = NaN), exact float32:
-    (lo, hi), each [..., 4], lo[..., j] = element 2j, hi[..., j] = element 2j + 1.
+def e2m1_bits(x, SHIFT: tl.constexpr):
+    """float32 e2m1 * 2^-126 of the nibble at bits 28 - SHIFT .. 31 - SHIFT of int32 x.
 
     A magnitude m = code & 7 placed as m << 22 is the float32 e2m1(m) * 2^-126 (code 1 lands on the
     subnormal 2^-127, codes 2..7 on exponent and mantissa), so a code needs two shifts and a mask:
-    (x << s) >> 6 (arithmetic) brings the nibble's sign bit to bit 31 and its magnitude to bits
-    22..24. The 2^126 folds into the scale, 2^(sb - 1), split as f1 * f2 so that neither overflows
-    (2^253 does not fit a float32): f1 = 2^(min(sb, 128) - 1), f2 = 2^(max(sb, 128) - 128) or NaN.
-    Every product is exact or overflows as the reference's does (to inf); small scales give
-    subnormal results, which the multiplies keep (the kernels' FMULs are not flush-to-zero:
-    benchmarks/qgemm_sass.py counts any FTZ op). Used by
-    qgemm's mxfp4 weight tiles and split_rows below."""
+    (x << SHIFT) >> 6 (arithmetic) brings the nibble's sign bit to bit 31 and its magnitude to bits
+    22..24."""
+    m = -0x7E400000  # 0x81C00000 written signed: Triton types the literal int32
+    return (((x << SHIFT) >> 6) & m).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mx_factors(sb):
+    """(f1, f2), float32 with f1 * f2 = 2^126 * 2^(sb - 127) for e8m0 bytes sb (int32; 255 = NaN):
+    the scale of e2m1_bits' values. Split so that neither overflows (2^253 does not fit a float32):
+    f1 = 2^(min(sb, 128) - 1), f2 = 2^(max(sb, 128) - 128) or NaN. Every product is exact or
+    overflows as the reference's does (to inf); small scales give subnormal results, which the
+    multiplies keep (the kernels' FMULs are not flush-to-zero: benchmarks/qgemm_sass.py counts any
+    FTZ op)."""
     f1 = ((tl.minimum(sb, 128) + 126) << 23).to(tl.float32, bitcast=True)
     f2 = tl.where(sb == 255, 0x7FC00000, (tl.maximum(sb, 128) - 1) << 23).to(tl.float32, bitcast=True)
-    m = -0x7E400000  # 0x81C00000 written signed: Triton types the literal int32
-    l0 = (((word << 28) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    h0 = (((word << 24) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    l1 = (((word << 20) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    h1 = (((word << 16) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    l2 = (((word << 12) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    h2 = (((word << 8) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    l3 = (((word << 4) >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
-    h3 = ((word >> 6) & m).to(tl.float32, bitcast=True) * f1 * f2
+    return f1, f2
+
+
+@triton.jit
+def e2m1_x8(word, sb):
+    """The 8 e2m1 codes of int32 words (byte j: code 2j in the low nibble, 2j + 1 in the high one)
+    times 2^(sb - 127) for e8m0 bytes sb (int32, broadcast against word; 255 = NaN), exact float32:
+    (lo, hi), each [..., 4], lo[..., j] = element 2j, hi[..., j] = element 2j + 1. Used by qgemm's
+    mxfp4 weight tiles and split_rows below."""
+    f1, f2 = mx_factors(sb)
+    l0 = e2m1_bits(word, 28) * f1 * f2
+    h0 = e2m1_bits(word, 24) * f1 * f2
+    l1 = e2m1_bits(word, 20) * f1 * f2
+    h1 = e2m1_bits(word, 16) * f1 * f2
+    l2 = e2m1_bits(word, 12) * f1 * f2
+    h2 = e2m1_bits(word, 8) * f1 * f2
+    l3 = e2m1_bits(word, 4) * f1 * f2
+    h3 = e2m1_bits(word, 0) * f1 * f2
     # join(join(x0, x2), join(x1, x3))[..., p, q] = x_{2p + q}
     return tl.join(tl.join(l0, l2), tl.join(l1, l3)), tl.join(tl.join(h0, h2), tl.join(h1, h3))
 
@@ -136,9 +150,9 @@ def e2m1_x8(word, sb):
 def load_packed_rows(base, rows_ok, cols, D: tl.constexpr, FMT: tl.constexpr):
     """Dequantize packed rows in element order: a byte and a scale byte loaded per element. base is a
     uint8 pointer tensor [R], one per row; cols [C] element ids. Returns float32 [R, C]; rows not ok
-    read as 0. kv_dequantize and the indexer's score kernel decode so. For the indexer's mxfp4 keys it
-    is the faster decode: on an H100 (2026-12-06) the score kernel took 226 us for 64 tokens x 16,384
-    keys, against 399 (bytes) and 452 us (int32 words) with split_rows' even/odd halves
+    read as 0. kv_dequantize and the indexer's score kernel decode so. For the indexer's mxfp4 keys
+    it is the faster decode: on an H100 (2026-12-06) the score kernel took 226 us for 64 tokens x
+    16,384 keys, against 399 (bytes) and 452 us (int32 words) with split_rows' even/odd halves
     (benchmarks/nvidia_sparse_decode.py)."""
     ok = rows_ok[:, None] & (cols[None, :] < D)
     if FMT == 1:  # mxfp8: D e4m3 bytes, D/32 e8m0
@@ -160,8 +174,8 @@ def load_packed_rows(base, rows_ok, cols, D: tl.constexpr, FMT: tl.constexpr):
 @triton.jit
 def _e4m3(c, NATIVE: tl.constexpr):
     """e4m3 bytes (int32, 0..255) as float32: the hardware conversion, or the bit decode under the
-    interpreter. The two agree on every code a quantizer writes (they differ on 0x7F / 0xFF, which the
-    hardware reads as NaN, as the reference does)."""
+    interpreter. The two agree on every code a quantizer writes (they differ on 0x7F / 0xFF, which
+    the hardware reads as NaN, as the reference does)."""
     if NATIVE:
         return c.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
     return e4m3_to_f32(c)
@@ -177,10 +191,10 @@ def split_rows(base, ok, D: tl.constexpr, DP: tl.constexpr, FMT: tl.constexpr, W
     Why halves: an fp4 byte holds elements 2i (low nibble) and 2i + 1 (high), so the halves come
     out of whole-byte loads with two shifts and a mask each, and each scale group is an axis that its
     one scale byte broadcasts over. The caller dots the halves against its own even and odd columns.
-    load_packed_rows loads a byte and a scale byte per element
-    instead and takes about 3x the instructions, yet is the faster one in the indexer (see there).
-    WORDS (row bytes a multiple of 4, rows 4-byte aligned): the bytes load as int32 words; else as
-    bytes. The values are the reference's (quant.kv_dequantize) exactly."""
+    load_packed_rows loads a byte and a scale byte per element instead and takes about 3x the
+    instructions, yet is the faster one in the indexer (see there). WORDS (row bytes a multiple of
+    4, rows 4-byte aligned): the bytes load as int32 words; else as bytes. The values are the
+    reference's (quant.kv_dequantize) exactly."""
     G: tl.constexpr = DP // (16 if FMT == 2 else 32)  # scale groups
     gi = tl.arange(0, G)
     gok = ok[:, None] & (gi[None, :] < D // (16 if FMT == 2 else 32))  # [R, G]
@@ -216,23 +230,21 @@ def split_rows(base, ok, D: tl.constexpr, DP: tl.constexpr, FMT: tl.constexpr, W
         else:
             off = gi[None, :, None] * NB + tl.arange(0, NB)[None, None, :]
             b = tl.load(base[:, None, None] + off, mask=gok[:, :, None], other=0).to(tl.int32)
-            m = -0x7E400000  # e2m1_x8's mask 0x81C00000, written signed
-            ev = (((b << 28) >> 6) & m).to(tl.float32, bitcast=True)  # e2m1 * 2^-126
-            od = (((b << 24) >> 6) & m).to(tl.float32, bitcast=True)
+            ev = e2m1_bits(b, 28)  # e2m1 * 2^-126
+            od = e2m1_bits(b, 24)
             if FMT == 2:
                 f = _e4m3(sb, NATIVE)[:, :, None]
                 ev = ev * 8.507059173023462e37 * f  # 2^126: exact e2m1, then the scale, both exact
                 od = od * 8.507059173023462e37 * f
             else:
-                f1 = ((tl.minimum(sb, 128) + 126) << 23).to(tl.float32, bitcast=True)[:, :, None]
-                f2 = tl.where(sb == 255, 0x7FC00000, (tl.maximum(sb, 128) - 1) << 23)
-                f2 = f2.to(tl.float32, bitcast=True)[:, :, None]
+                f1, f2 = mx_factors(sb[:, :, None])
                 ev = ev * f1 * f2
                 od = od * f1 * f2
     ev = tl.reshape(ev, [ok.shape[0], DP // 2])
     od = tl.reshape(od, [ok.shape[0], DP // 2])
     rok = ok[:, None]
     return tl.where(rok, ev, 0.0), tl.where(rok, od, 0.0)
+
 
 # -------------------------------------------------------------------------------------- kernels
 @triton.jit
