@@ -1,6 +1,6 @@
 """The Triton decode of e8m0 scale bytes (platforms/nvidia/quant.py), shared by the KV row codecs and
 gemm.py's quantized loads, against the reference's, at every byte; and the even/odd row decode
-(split_rows) of the indexer and sparse attention against the reference's kv_dequantize."""
+(split_rows) of sparse attention against the reference's kv_dequantize."""
 import pytest
 import torch
 import triton
