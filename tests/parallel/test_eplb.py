@@ -86,7 +86,10 @@ def test_rebalancing_changes_no_output_bit():
         again = _run(eng)
         assert all(a[0] == b[0] and torch.equal(a[1], b[1]) for a, b in zip(again, first))
         # negative control: rank 0 alone believes in another placement, without moving weights;
-        # its pairs reach the wrong experts and the bits change
+        # its pairs reach the wrong experts and the bits change. No automatic rebalance in this run:
+        # one planned from two beliefs would leave slots of the new stacks unfilled (torch.empty),
+        # whose garbage made the run fail now and then instead of showing the wrong experts
+        eng.config = eng.config.model_copy(update={"enable_eplb": False})
         eng.model.set_placement(placed)
         wrong = _run(eng)
         assert any(not torch.equal(a[1], b[1]) for a, b in zip(wrong, first))
