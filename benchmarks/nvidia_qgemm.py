@@ -10,6 +10,7 @@ over the 4.8 TB/s datasheet rate. Each shape is checked against a float32 torch 
 
     python benchmarks/nvidia_qgemm.py [--json out.json] [--sweep] [--quick]
     python benchmarks/nvidia_qgemm.py --sweep-moe | --moe-ab    (MoE tile knobs, qgemm.MOE_TILES)
+    python benchmarks/nvidia_qgemm.py --asm-ab                  (mxfp4 decode: inline PTX vs float32)
 """
 from __future__ import annotations
 
@@ -281,6 +282,41 @@ def moe_tiles_ab(ts=(1, 16, 64, 256)):
         print(f"moe-ab T{t}: generic {g * 1e6:7.1f} us, {chosen} {c * 1e6:7.1f} us, {g / c:5.2f}x", flush=True)
 
 
+def asm_ab(ts=(1, 16, 64, 256), ms=(1, 64, 256)):
+    """mxfp4 weights with bf16 activations, decoded by quant.e2m1_bf16_x8 (qgemm.ASM_E2M1) against the
+    float32 decode: the same bits are required (both give exact bf16 operands), then each is timed,
+    alternating, best of two. MoE (default and batch-invariant mode) and the 4096 x 4096 linear."""
+    keep = qgemm.ASM_E2M1
+    cases = []
+    ws = mxfp4_moe_weights()
+    for t in ts:
+        x, ids, wts = moe_inputs(t)
+        for bi in (False, True):
+            moe = [lambda p=p, x=x, ids=ids, wts=wts, bi=bi:
+                   gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0, batch_invariant=bi) for p in ws]
+            cases.append((f"moe T{t}{' BI' if bi else ''}", moe))
+    lw = copies(lambda: rand_weight("mxfp4", (4096, 4096)), 4096 * 4096)
+    for m in ms:
+        x = torch.randn(m, 4096, device=DEV, dtype=BF)
+        for bi in (False, True):
+            cases.append((f"linear M{m} N4096 K4096{' BI' if bi else ''}",
+                          [lambda w=w, x=x, bi=bi: gemm.linear(x, w, batch_invariant=bi) for w in lw]))
+    for name, calls in cases:
+        outs, res = {}, {False: [], True: []}
+        for asm in (False, True):
+            qgemm.ASM_E2M1 = asm
+            outs[asm] = calls[0]().clone()
+        same = torch.equal(outs[False].view(torch.int16), outs[True].view(torch.int16))
+        for _ in range(2):
+            for asm in (False, True):
+                qgemm.ASM_E2M1 = asm
+                res[asm].append(graph_time(calls))
+        qgemm.ASM_E2M1 = keep
+        f, a = min(res[False]), min(res[True])
+        print(f"asm-ab {name:<26} float32 decode {f * 1e6:7.1f} us, asm {a * 1e6:7.1f} us, {f / a:5.2f}x, "
+              f"same bits: {same}", flush=True)
+
+
 def table(res) -> str:
     out = [f"copy rate {res['copy_GBps']:.0f} GB/s (read+write); graph-replay medians, us",
            f"{'op':<12} {'shape':<26} {'fmt':<6} {'BI':<3} {'new':>7} {'old':>7} {'bf16':>7} {'floor':>6} "
@@ -300,11 +336,15 @@ if __name__ == "__main__":
     ap.add_argument("--sweep", action="store_true", help="also print a sweep of qgemm's default-mode tiles")
     ap.add_argument("--sweep-moe", action="store_true", help="only the MoE tile sweep (qgemm.MOE_TILES candidates)")
     ap.add_argument("--moe-ab", action="store_true", help="only qgemm.MOE_TILES against the generic tile")
+    ap.add_argument("--asm-ab", action="store_true", help="only the mxfp4 decodes: inline PTX vs float32")
     ap.add_argument("--quick", action="store_true", help="two linear shapes, M in 1, 64, 256")
     ap.add_argument("--no-bi", action="store_true")
     a = ap.parse_args()
     torch.manual_seed(0)
     bw = copy_rate()
+    if a.asm_ab:
+        asm_ab()
+        raise SystemExit(0)
     if a.sweep_moe or a.moe_ab:
         sweep_moe(bw) if a.sweep_moe else moe_tiles_ab()
         raise SystemExit(0)

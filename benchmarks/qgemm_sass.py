@@ -51,6 +51,7 @@ def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xi
                 F32=f32, HILO=hilo, NATIVE_FP8=True, SPLIT=split, BM=bm, BN=bn, BK=bk)
     if not old:
         vals["PLANES"] = planes
+        vals["ASM_E2M1"] = qgemm.ASM_E2M1
     act = "*fp32" if (f32 or (hilo and not planes)) else "*bf16"
     out = "*fp32" if (split > 1 or (swiglu and not planes) or yidx or hilo or f32) else "*bf16"
     ptr = {"x_ptr": act, "y_ptr": out, "w_ptr": "*u8", "s_ptr": "*fp32" if fmt == 1 else "*u8", "b_ptr": act,

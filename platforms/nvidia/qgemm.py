@@ -9,7 +9,9 @@ tile:
   load instruction each);
 - e2m1 decodes with two shifts and a mask per element into float32 bits worth e2m1 * 2^-126, and
   two exact multiplies apply 2^126 times the scale (quant.e2m1_x8); the bf16 operand is the high
-  half of those bits. Row tiles under 64 (mma.sync) dot the even-K and odd-K halves against the
+  half of those bits. On the GPU, bf16 activations take quant.e2m1_bf16_x8 instead: byte permutes
+  look the bf16 values up and packed bf16 multiplies scale them (the same bits, fewer instructions).
+  Row tiles under 64 (mma.sync) dot the even-K and odd-K halves against the
   activation's even and odd columns; 64-row tiles interleave them back into K order for one
   warpgroup MMA;
 - fp8_block128 scales (one power of two per 128 x 128 block) multiply the [BM, BN] partial of each
@@ -41,7 +43,7 @@ import triton.language as tl
 from shuili.hal.types import Weight
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting, pow2
 from shuili.platforms.nvidia.moe_prep import moe_prep
-from shuili.platforms.nvidia.quant import e2m1_x8, e4m3_to_f32
+from shuili.platforms.nvidia.quant import e2m1_bf16_x8, e2m1_x8, e4m3_to_f32, e8m0_bf16_pair
 
 FMT_ID = {"fp8_block128": 1, "mxfp4": 2}
 BI_TILE = (64, 64, 128)  # BM, BN, BK in batch-invariant mode, for every M
@@ -66,6 +68,12 @@ NUM_STAGES = None  # None: 4 for 16-row tiles, 3 above (shared memory)
 # 1.15x at T1, 1.07x at T16, 0.99x at T64 and T256 (docs/performance.md). Batch-invariant launches
 # never read it: their tile is fixed for every batch.
 MOE_TILES: dict[str, tuple[int, int, int, int]] = {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)}
+# bf16 activations decode mxfp4 weights with quant.e2m1_bf16_x8 (PTX byte permutes, bf16 multiplies) on
+# the GPU: the same bits as the float32 decode (quant.e2m1_x8), which SHUILI_NVIDIA_ASM_E2M1=0 and the
+# interpreter take. On an H100 (2026-12-06, nvidia_qgemm.py --asm-ab) the MoE at T1 1.15x, T16 1.05x,
+# T64 and T256 even: the loop's instructions fell by a quarter, and only the smallest batches were
+# bound by them
+ASM_E2M1 = os.environ.get("SHUILI_NVIDIA_ASM_E2M1", "1") == "1"
 # float32 activations (IEEE dots, FMA on CUDA cores) take K in steps of 32: at 128 the operand
 # tiles spill by kilobytes per thread
 F32_BK = 32
@@ -96,6 +104,23 @@ def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN
     word = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + off, mask=gok[:, :, None], other=0)  # [BN, G, 4]
     sb = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :], mask=gok, other=127)
     lo, hi = e2m1_x8(word, sb.to(tl.int32)[:, :, None])  # [BN, G, 4, 4] each
+    return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
+
+
+@triton.jit
+def _mxfp4_tile_bf16(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN: tl.constexpr,
+                     BK: tl.constexpr):
+    """_mxfp4_tile's halves as bf16, decoded by quant.e2m1_bf16_x8 (GPU only)."""
+    G: tl.constexpr = BK // 32
+    gi = tl.arange(0, G)
+    jj = tl.arange(0, 4)
+    gk = k0 + gi * 32
+    gok = cok[:, None] & (gk < k_hi)[None, :]  # [BN, G]
+    off = e * (s_we // 4) + cols[:, None, None] * (s_wn // 4) + (gk // 8)[None, :, None] + jj[None, None, :]
+    word = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + off, mask=gok[:, :, None], other=0)  # [BN, G, 4]
+    sb = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :], mask=gok, other=127)
+    pair = tl.broadcast_to(e8m0_bf16_pair(sb.to(tl.int32))[:, :, None], (BN, G, 4))
+    lo, hi = e2m1_bf16_x8(word, pair)  # [BN, G, 4, 4] each
     return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
 
 
@@ -133,7 +158,7 @@ def _dot(acc, a, al, w, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.conste
 def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
             FMT: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr,
             NATIVE_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-            EVEN_ODD: tl.constexpr):
+            EVEN_ODD: tl.constexpr, ASM_E2M1: tl.constexpr):
     """acc + a @ W[e, cols, k0:k0+BK]^T (al: a's lo part, see _dot). EVEN_ODD (mxfp4): as
     ae @ W_even^T + ao @ W_odd^T, where ae, ao [BM, BK/2] are a's even and odd columns (ale, alo:
     al's)."""
@@ -147,10 +172,13 @@ def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, 
         part = _dot(tl.zeros([BM, BN], tl.float32), a, al, w, F32, HILO, PLANES)
         out = acc + part * sc[None, :]
     else:
-        lo, hi = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK)
-        if wt == tl.bfloat16:
-            lo = _to_bf16(lo)
-            hi = _to_bf16(hi)
+        if wt == tl.bfloat16 and ASM_E2M1:
+            lo, hi = _mxfp4_tile_bf16(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK)
+        else:
+            lo, hi = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK)
+            if wt == tl.bfloat16:
+                lo = _to_bf16(lo)
+                hi = _to_bf16(hi)
         if EVEN_ODD:
             out = _dot(_dot(acc, ae, ale, lo.to(wt), F32, HILO, PLANES), ao, alo, hi.to(wt), F32, HILO, PLANES)
         else:
@@ -166,7 +194,8 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
                   FMT: tl.constexpr, GROUPED: tl.constexpr, X_IDX: tl.constexpr, Y_IDX: tl.constexpr,
                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr,
                   F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr, NATIVE_FP8: tl.constexpr,
-                  SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                  ASM_E2M1: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr):
     """y[rows, cols] = x[rows] @ W[e, cols]^T over K chunk program_id(2).
     GROUPED: program_id(0) indexes the tile map (group, first row, end row; group -1 = unused).
     X_IDX: row r reads x[xi[r] // TOPK]. SWIGLU: N is I; also computes columns cols + UP and stores
@@ -219,10 +248,11 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
             if HILO and PLANES:
                 ale, alo = tl.split(tl.reshape(al, (BM, BK // 2, 2)))
         acc = _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se,
-                      s_sn, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD)
+                      s_sn, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD, ASM_E2M1)
         if SWIGLU:
             acc_u = _k_step(acc_u, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols + UP, cok, k0, k_hi, s_we,
-                            s_wn, s_se, s_sn, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD)
+                            s_wn, s_se, s_sn, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD,
+                            ASM_E2M1)
     ok = rok[:, None] & cok[None, :]
     if SPLIT > 1:
         part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
@@ -360,7 +390,8 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
         float(limit) if limit is not None else 0.0,
         FMT=FMT_ID[w.format], GROUPED=grouped, X_IDX=xi is not None, Y_IDX=yi is not None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
-        PLANES=plane > 0, NATIVE_FP8=not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
+        PLANES=plane > 0, NATIVE_FP8=not interpreting(),
+        ASM_E2M1=ASM_E2M1 and not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
         num_warps=warps, num_stages=stages)
     if split > 1:
         block = 1024

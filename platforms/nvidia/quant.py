@@ -2,7 +2,8 @@
 
 Codes are decoded and rounded with integer and exact float operations only, so one kernel source is
 exact on SM90 (no FP4 instructions), on SM100 and under TRITON_INTERPRET; SM100's native e2m1
-conversions are not used (see docs/platforms/nvidia.md).
+conversions are not used (see docs/platforms/nvidia.md). One decode is GPU-only: e2m1_bf16_x8 (PTX
+inline assembly) gives e2m1_x8's values as bf16 for the weight GEMMs, bit for bit.
 """
 from __future__ import annotations
 
@@ -141,6 +142,63 @@ def e2m1_x8(word, sb):
     h2 = e2m1_bits(word, 8) * f1 * f2
     l3 = e2m1_bits(word, 4) * f1 * f2
     h3 = e2m1_bits(word, 0) * f1 * f2
+    # join(join(x0, x2), join(x1, x3))[..., p, q] = x_{2p + q}
+    return tl.join(tl.join(l0, l2), tl.join(l1, l3)), tl.join(tl.join(h0, h2), tl.join(h1, h3))
+
+
+@triton.jit
+def e8m0_bf16_pair(sb):
+    """e8m0 bytes (int32) -> int32 holding bfloat16 2^(sb - 127) twice (a bf16x2 operand), as the
+    reference decodes them: 0 is the bf16 subnormal 2^-127 (0x0040), 255 is NaN."""
+    bits = tl.where(sb == 0, 0x40, tl.where(sb == 255, 0x7FC0, sb << 7))
+    return bits | (bits << 16)
+
+
+# An int32 word of mxfp4 codes (byte j: code 2j low nibble, 2j + 1 high) times a bf16x2 scale pair
+# ($9) -> eight bf16: $0..$3 the low-nibble codes of bytes 0..3, $4..$7 the high ones. A code's
+# magnitude (3 bits) picks the high and the low byte of its bf16 value out of two 8-byte tables with
+# one prmt per four codes (high bytes 00 3F 3F 3F 40 40 40 40, low bytes 00 00 80 C0 00 40 80 C0:
+# 0, 0.5, 1, 1.5, 2, 3, 4, 6); the sign nibbles (0 or 1 after the shift) pick 0x00 or 0x80 the same
+# way; byte permutes pair the bytes into bf16 values, two a register. The products with the scale
+# are exact (two significant bits times a power of two), and PTX's bf16 multiply has no
+# flush-to-zero form: subnormal results stay (2^-128 at the least).
+_E2M1_BF16_ASM = tl.constexpr("""{
+.reg .b32 m, mh, s, sh, h0, l0, h1, l1, g0, g1, a, b, c, d;
+and.b32 m, $8, 0x77777777;
+shr.u32 mh, m, 16;
+and.b32 s, $8, 0x88888888;
+shr.u32 s, s, 3;
+shr.u32 sh, s, 16;
+prmt.b32 h0, 0x3F3F3F00, 0x40404040, m;
+prmt.b32 l0, 0xC0800000, 0xC0804000, m;
+prmt.b32 h1, 0x3F3F3F00, 0x40404040, mh;
+prmt.b32 l1, 0xC0800000, 0xC0804000, mh;
+prmt.b32 g0, 0x00008000, 0, s;
+prmt.b32 g1, 0x00008000, 0, sh;
+or.b32 h0, h0, g0;
+or.b32 h1, h1, g1;
+prmt.b32 a, l0, h0, 0x6240;
+prmt.b32 b, l0, h0, 0x7351;
+prmt.b32 c, l1, h1, 0x6240;
+prmt.b32 d, l1, h1, 0x7351;
+mul.rn.bf16x2 a, a, $9;
+mul.rn.bf16x2 b, b, $9;
+mul.rn.bf16x2 c, c, $9;
+mul.rn.bf16x2 d, d, $9;
+mov.b32 {$0, $1}, a;
+mov.b32 {$2, $3}, c;
+mov.b32 {$4, $5}, b;
+mov.b32 {$6, $7}, d;
+}""")
+
+
+@triton.jit
+def e2m1_bf16_x8(word, pair):
+    """e2m1_x8's (lo, hi), [..., 4] each, as bf16 (the same values: exact), for int32 words and the
+    e8m0_bf16_pair of their scales. GPU only (PTX inline assembly); the interpreter takes e2m1_x8."""
+    l0, l1, l2, l3, h0, h1, h2, h3 = tl.inline_asm_elementwise(
+        _E2M1_BF16_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [word, pair], dtype=(tl.bfloat16,) * 8, is_pure=True,
+        pack=1)
     # join(join(x0, x2), join(x1, x3))[..., p, q] = x_{2p + q}
     return tl.join(tl.join(l0, l2), tl.join(l1, l3)), tl.join(tl.join(h0, h2), tl.join(h1, h3))
 
