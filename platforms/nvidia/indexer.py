@@ -1,29 +1,27 @@
 """DeepSeek-V4 Lightning Indexer: a Triton score kernel over each query's visible compressed keys
-(paged, plain or MXFP4), then an exact top-k on an int64 (score desc, entry id asc) key."""
+(paged, plain or MXFP4), then an exact top-k on (score desc, entry id asc) in one program a row."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from shuili.platforms.nvidia.common import cdiv, desc_key, key_ids, pow2
+from shuili.platforms.nvidia.common import cdiv, desc_key, pow2
 from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, load_packed_rows
 
 
 @triton.jit
 def _score_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, H, ratio, E_MAX, s_qt,
                   s_qh, s_bt, ROW, RA: tl.constexpr, BS: tl.constexpr, DK: tl.constexpr, DKP: tl.constexpr,
-                  HP: tl.constexpr, BE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr,
-                  KEYS: tl.constexpr):
+                  HP: tl.constexpr, BE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr):
     """Scores of BE keys for one token (packed keys decoded by quant.load_packed_rows, the faster
-    decode here: see its docstring). KEYS: out is int64, each score's desc_key (common.py) with its
-    entry id, ready for an exact top-k."""
+    decode here: see its docstring)."""
     t = tl.program_id(0).to(tl.int64)
     e = tl.program_id(1) * BE + tl.arange(0, BE)
     b = tl.load(seq_ptr + t)
     nvis = (tl.load(pos_ptr + t) + 1) // ratio
     if tl.program_id(1) * BE >= nvis:  # past this token's visible keys (the grid spans the longest table)
-        _store(out_ptr + t * E_MAX + e, tl.full([BE], float("-inf"), tl.float32), e, e < E_MAX, KEYS)
+        tl.store(out_ptr + t * E_MAX + e, tl.full([BE], float("-inf"), tl.float32), mask=e < E_MAX)
         return
     eok = e < nvis
     h = tl.arange(0, HP)
@@ -49,26 +47,15 @@ def _score_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, H, rat
         dots = tl.dot(q, tl.trans(keys))
     w = tl.load(w_ptr + t * H + h, mask=hok, other=0.0)
     score = tl.sum(w[:, None] * tl.maximum(dots, 0.0), axis=0)
-    _store(out_ptr + t * E_MAX + e, tl.where(eok, score, float("-inf")), e, e < E_MAX, KEYS)
+    tl.store(out_ptr + t * E_MAX + e, tl.where(eok, score, float("-inf")), mask=e < E_MAX)
 
 
-@triton.jit
-def _store(at, score, e, ok, KEYS: tl.constexpr):
-    if KEYS:  # desc_key(score, e): the float's bits made monotone, then the id descending
-        bits = score.to(tl.int32, bitcast=True)
-        mono = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-        tl.store(at, (mono << 32) + (0xFFFFFFFF - e.to(tl.int64)), mask=ok)
-    else:
-        tl.store(at, score, mask=ok)
-
-
-def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format, keys=False):
-    """float32 [T, E_MAX] scores, -inf past each query's visible entries (E_MAX = the table's width);
-    keys: their int64 desc_key instead (common.py)."""
+def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format):
+    """float32 [T, E_MAX] scores, -inf past each query's visible entries (E_MAX = the table's width)."""
     t, h, dk = q.shape
     nb, bs = k_cache.shape[:2]
     e_max = block_tables.shape[1] * bs
-    scores = torch.empty(t, e_max, dtype=torch.int64 if keys else torch.float32, device=q.device)
+    scores = torch.empty(t, e_max, dtype=torch.float32, device=q.device)
     if t == 0 or e_max == 0:
         return scores
     row = dk if k_format == "none" else bytes_per_row(k_format, dk)
@@ -81,30 +68,93 @@ def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio
         q, weights.float().contiguous(), rows, block_tables.to(torch.int32).contiguous(), seq,
         positions.to(torch.int64).contiguous(), scores, h, int(ratio), e_max, q.stride(0), q.stride(1),
         block_tables.shape[1], row, RA=min(16, row & -row), BS=bs, DK=dk, DKP=pow2(dk, 16),
-        HP=pow2(h, 16), BE=be, FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32, KEYS=keys)
+        HP=pow2(h, 16), BE=be, FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32)
     return scores
 
 
 _NO_SCORE = int(desc_key(torch.tensor([float("-inf")]), torch.zeros(1, dtype=torch.int64))[0]) >> 32
+# rows up to this many entries are sorted whole; longer ones are radix-selected first
+SORT_MAX = 2048
+
+
+@triton.jit
+def _mono(score):
+    """common.desc_key's order of float32 scores as int32 (NaN with the sign bit clear on top)."""
+    bits = score.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _topk_kernel(s_ptr, keep_ptr, out_ptr, n, K, no_score, s_row, WHOLE: tl.constexpr, KP: tl.constexpr,
+                 NP: tl.constexpr, BLOCK: tl.constexpr):
+    """One row of scores -> the ids of its K highest int64 (score desc, id asc) keys, in that order;
+    keys at or below -inf's (no score) as -1. WHOLE: the row's NP >= n keys are sorted. Otherwise an
+    8-bit radix select finds the K-th highest score (4 passes over the row, a histogram each), one
+    more pass keeps every key above it and the lowest ids of those equal to it (exactly K), and the
+    kept keys are sorted: the same K keys, in the same order, as a sort of the whole row."""
+    t = tl.program_id(0).to(tl.int64)
+    row = s_ptr + t * s_row
+    if WHOLE:
+        j = tl.arange(0, NP)
+        u = _mono(tl.load(row + j, mask=j < n, other=0.0)).to(tl.int64)
+        key = (u << 32) + (0xFFFFFFFF - j.to(tl.int64))
+        key = tl.sort(tl.where(j < n, key, -9223372036854775807 - 1), 0, descending=True)
+        ids = tl.where((key >> 32) > no_score, 0xFFFFFFFF - (key & 0xFFFFFFFF), -1).to(tl.int32)
+        tl.store(out_ptr + t * K + j, ids, mask=j < K)
+    else:
+        b = tl.arange(0, 256)
+        prefix = tl.zeros([], tl.int64)  # the K-th highest u = mono + 2^31, found 8 bits a pass
+        rem = K  # of the keys matching prefix, how many are still to take
+        for p in tl.static_range(4):
+            shift = 24 - 8 * p
+            hist = tl.zeros([256], tl.int32)
+            for c0 in range(0, n, BLOCK):
+                i = c0 + tl.arange(0, BLOCK)
+                u = _mono(tl.load(row + i, mask=i < n, other=0.0)).to(tl.int64) + 2147483648
+                hit = (i < n) & ((u >> (shift + 8)) == prefix)
+                hist += tl.histogram(((u >> shift) & 255).to(tl.int32), 256, mask=hit)
+            above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # [256]: matching keys with a higher digit
+            d = tl.min(tl.where(above < rem, b, 256), 0)  # the digit of the K-th highest
+            rem -= tl.sum(tl.where(b > d, hist, 0), 0)
+            prefix = prefix * 256 + d
+        taken = 0
+        ties = 0
+        for c0 in range(0, n, BLOCK):
+            i = c0 + tl.arange(0, BLOCK)
+            u = _mono(tl.load(row + i, mask=i < n, other=0.0)).to(tl.int64) + 2147483648
+            eq = ((i < n) & (u == prefix)).to(tl.int32)
+            keep = ((i < n) & (u > prefix)).to(tl.int32) | (eq & ((ties + tl.cumsum(eq, 0) - eq) < rem))
+            pos = taken + tl.cumsum(keep, 0) - keep
+            key = ((u - 2147483648) << 32) + (0xFFFFFFFF - i.to(tl.int64))
+            tl.store(keep_ptr + t * KP + pos, key, mask=keep != 0)
+            taken += tl.sum(keep, 0)
+            ties += tl.sum(eq, 0)
+        tl.debug_barrier()  # the kept keys, stored by other threads of this program
+        j = tl.arange(0, KP)
+        key = tl.load(keep_ptr + t * KP + j, mask=j < K, other=-9223372036854775807 - 1)
+        key = tl.sort(key, 0, descending=True)
+        ids = tl.where((key >> 32) > no_score, 0xFFFFFFFF - (key & 0xFFFFFFFF), -1).to(tl.int32)
+        tl.store(out_ptr + t * K + j, ids, mask=j < K)
 
 
 def _top(scores: torch.Tensor, k: int, width: int) -> torch.Tensor:
-    """int32 [T, width]: ids of the k highest finite scores (desc, ties to the lower id), -1 padded."""
+    """int32 [T, width]: ids of the k highest scores (desc, ties to the lower id), -1 padded; scores at
+    -inf count as none. A NaN score with its sign bit clear comes first (as the reference's stable
+    sort puts NaN). One program a row (_topk_kernel)."""
     t, n = scores.shape
-    ids = torch.arange(n, device=scores.device).expand(t, n)
-    return _top_keys(desc_key(scores, ids), k, width)
-
-
-def _top_keys(keys: torch.Tensor, k: int, width: int) -> torch.Tensor:
-    """_top on the scores' desc_keys. A key above -inf's is a score above -inf; a NaN score with
-    its sign bit clear is one too and comes first (as the reference's stable sort puts NaN)."""
-    t, n = keys.shape
-    out = torch.full((t, width), -1, dtype=torch.int32, device=keys.device)
+    out = torch.full((t, width), -1, dtype=torch.int32, device=scores.device)
     k = min(k, n)
     if t == 0 or k == 0:
         return out
-    top = torch.topk(keys, k, dim=1, sorted=True).values
-    out[:, :k] = torch.where((top >> 32) > _NO_SCORE, key_ids(top), -1).to(torch.int32)
+    scores = scores.float().contiguous()
+    top = out if k == width else torch.empty(t, k, dtype=torch.int32, device=scores.device)
+    kp = pow2(k)
+    whole = n <= max(kp, SORT_MAX)
+    keep = scores if whole else torch.empty(t, kp, dtype=torch.int64, device=scores.device)
+    _topk_kernel[(t,)](scores, keep, top, n, k, _NO_SCORE, scores.stride(0), WHOLE=whole, KP=kp,
+                       NP=pow2(n), BLOCK=1024, num_warps=4 if whole and n <= 512 else 8)
+    if top is not out:
+        out[:, :k] = top
     return out
 
 
@@ -112,8 +162,8 @@ def indexer_topk(q, weights, k_cache, block_tables, query_start_loc, positions, 
                  k_format="none"):
     if ratio <= 0 or topk <= 0:
         raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
-    keys = _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format, keys=True)
-    return _top_keys(keys, topk, topk)
+    scores = _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format)
+    return _top(scores, topk, topk)
 
 
 def indexer_select(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, topk,

@@ -6,7 +6,8 @@ import torch
 
 from shuili.hal.types import Weight
 from shuili.platforms.reference.ops import OPS as REF
-from shuili.platforms.nvidia import attention, compress, gemm, indexer, mhc, misc, moe, norm_rope, quant, sampling
+from shuili.platforms.nvidia import (attention, common, compress, gemm, indexer, mhc, misc, moe, norm_rope, quant,
+                                     sampling)
 
 DTYPES = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else [])
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
@@ -455,6 +456,36 @@ def test_indexer_topk_exact(device, fmt, dk):
     want = REF["indexer_topk"](*args)
     got = indexer.indexer_topk(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
     assert torch.equal(got.cpu(), want)
+
+
+def _top_want(scores, k, width):
+    """The exact top-k the kernel replaces: torch.topk on common.desc_key, -1 for no score."""
+    t, n = scores.shape
+    out = torch.full((t, width), -1, dtype=torch.int32)
+    k = min(k, n)
+    top = torch.topk(common.desc_key(scores, torch.arange(n).expand(t, n)), k, dim=1).values
+    out[:, :k] = torch.where((top >> 32) > indexer._NO_SCORE, common.key_ids(top), -1).to(torch.int32)
+    return out
+
+
+@pytest.mark.parametrize("n,k,sort_max", [(5, 8, 2048), (300, 64, 2048), (40, 6, 8), (700, 64, 128),
+                                          (1500, 512, 256)])
+def test_indexer_top_kernel_exact(device, n, k, sort_max, monkeypatch):
+    """_topk_kernel against torch.topk on (score desc, id asc) keys: whole-row sorts and (sort_max
+    below n) the radix select, with ties of every size (small integers), rows of -inf with a few
+    scores, +-0, +-inf and NaN of both signs; the same ids in the same order."""
+    monkeypatch.setattr(indexer, "SORT_MAX", sort_max)
+    gen = g(62)
+    s = torch.randint(-3, 4, (6, n), generator=gen).float()
+    s[1] = float("-inf")
+    s[1, :: max(1, n // 4)] = 2.0  # a few scores among no-scores: fewer than k where k > 4
+    s[2] = torch.randn(n, generator=gen)  # distinct
+    s[3, 0], s[3, -1] = 0.0, -0.0
+    s[4, 1], s[4, 2], s[4, 3] = float("inf"), float("-inf"), float("nan")
+    s[4, 4 % n] = -float("nan")
+    s[5] = 1.0  # one tie across the whole row
+    got = indexer._top(s.to(device), k, k).cpu()
+    assert torch.equal(got, _top_want(s, k, k))
 
 
 # ------------------------------------------------------------------------------ small ops, sampling
