@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch, bind_group_caches
-from shuili.core.models.deepseek_v4_cache import cache_groups, token_slots
+from shuili.core.models.deepseek_v4_cache import cache_groups, entry_slots, token_slots
 from shuili.core.models.deepseek_v4_config import V4Config, named
 from shuili.core.models.driver import CacheDriver
 from shuili.core.models.tokenizer import ByteTokenizer, deepseek_chat
@@ -165,10 +165,14 @@ class _Meta:
         self.win_idx = token_slots(b.block_tables["swa_kv"], self.tok_seq[:, None].expand_as(win_pos), win_pos,
                                    P).int()
         self.new: dict[str, _NewEntries] = {}
+        self.pos_mod: dict[int, torch.Tensor] = {}  # ratio -> pos % ratio, the compressors' ape rows
         for kind, ratio in (("csa", cfg.csa_ratio), ("hca", cfg.hca_ratio)):
             if cfg.layers_of(kind):
                 seq, ent, done = self._completed(b, ratio)
                 self.new[kind] = _new_entries(b, kind, ratio, seq, ent, done)
+                self.pos_mod[ratio] = self.pos % ratio
+        # the o-projection's group sizes: every group holds all T rows
+        self.o_sizes = torch.full((cfg.o_groups,), len(self.pos), dtype=torch.int64, device=dev)
         self.hca_idx = None
         if cfg.layers_of("hca"):
             r = cfg.hca_ratio
@@ -349,7 +353,10 @@ class DeepseekV4Model:
         kvs, idxs, fmts = [win], [meta.win_idx], [cfg.window_kv_format]
         if p.kind == "csa":
             state = self.caches["csa_state"][layer]
-            proj = torch.cat([self._comp_proj(p.comp, x, pos), self._comp_proj(p.indexer.comp, x, pos)], -1)
+            n = 2 * p.comp.coff * p.comp.dim
+            proj = torch.empty(T, n + 2 * p.indexer.comp.coff * p.indexer.comp.dim, device=x.device)
+            self._comp_proj(p.comp, x, meta, proj[:, :n])
+            self._comp_proj(p.indexer.comp, x, meta, proj[:, n:])
             self._write(state, meta.batch.slot_mapping["csa_state"], proj, "none")
             new = meta.new["csa"]
             off = 4 * d
@@ -360,7 +367,9 @@ class DeepseekV4Model:
             fmts.append(cfg.compressed_kv_format)
         elif p.kind == "hca":
             state = self.caches["hca_state"][layer]
-            self._write(state, meta.batch.slot_mapping["hca_state"], self._comp_proj(p.comp, x, pos), "none")
+            proj = torch.empty(T, 2 * p.comp.coff * p.comp.dim, device=x.device)
+            self._comp_proj(p.comp, x, meta, proj)
+            self._write(state, meta.batch.slot_mapping["hca_state"], proj, "none")
             self._emit(p.comp, state, 0, meta.new["hca"], self.caches["hca_kv"][layer], cfg.compressed_kv_format)
             if meta.hca_idx.shape[1]:
                 kvs.append(self.caches["hca_kv"][layer])
@@ -370,8 +379,7 @@ class DeepseekV4Model:
         o = ops.rope(o, pos, cos, sin, r, inverse=True)
         G = cfg.o_groups
         og = o.reshape(T, G, H * d // G).transpose(0, 1).reshape(G * T, H * d // G)
-        sizes = torch.full((G,), T, dtype=torch.int64, device=x.device)
-        oa = ops.grouped_linear(og, p.wo_a, sizes).view(G, T, -1).transpose(0, 1).reshape(T, -1)
+        oa = ops.grouped_linear(og, p.wo_a, meta.o_sizes).view(G, T, -1).transpose(0, 1).reshape(T, -1)
         return ops.linear(oa, p.wo_b)
 
     def _write(self, cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
@@ -379,11 +387,11 @@ class DeepseekV4Model:
             rows = self.ops.kv_quantize(rows.float(), fmt)
         self.ops.cache_write(cache, slots, rows.to(cache.dtype))
 
-    def _comp_proj(self, c: Compressor, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """float32 [T, 2*coff*dim]: kv, then gate + ape[pos % ratio]."""
-        y = self.ops.linear(x, c.w).float()
-        n = c.coff * c.dim
-        return torch.cat([y[:, :n], y[:, n:] + c.ape[pos % c.ratio]], dim=-1)
+    def _comp_proj(self, c: Compressor, x: torch.Tensor, meta: _Meta, out: torch.Tensor) -> None:
+        """out (float32 [T, 2*coff*dim], a view of the state row) = kv, then gate + ape[pos % ratio]:
+        written in place, so neither part nor the CSA pair is concatenated (a kernel each)."""
+        out.copy_(self.ops.linear(x, c.w))
+        out[:, c.coff * c.dim:] += c.ape[meta.pos_mod[c.ratio]]
 
     def _emit(self, c: Compressor, state: torch.Tensor, off: int, new: _NewEntries, out: torch.Tensor,
               fmt: str) -> None:
@@ -408,10 +416,8 @@ class DeepseekV4Model:
         w = ops.linear(x, p.weights_proj).float() * (nh ** -0.5 * di ** -0.5)
         bt = meta.batch.block_tables["csa_idx"]
         ids = ops.indexer_topk(q, w, self.caches["csa_idx"][layer], bt, meta.qsl, meta.pos, cfg.csa_ratio,
-                               cfg.index_topk, cfg.indexer_k_format).long()
-        epb = meta.P // cfg.csa_ratio
-        slots = token_slots(meta.batch.block_tables["csa_kv"], meta.tok_seq[:, None].expand_as(ids), ids, epb)
-        return torch.where(ids >= 0, slots, torch.full_like(slots, -1)).int()
+                               cfg.index_topk, cfg.indexer_k_format)
+        return entry_slots(meta.batch.block_tables["csa_kv"], meta.tok_seq[:, None], ids, meta.P // cfg.csa_ratio)
 
     # ---------------------------------------------------------------- convenience
     def driver(self, max_seqs: int = 1, max_len: int | None = None, tokens_per_block: int | None = None,

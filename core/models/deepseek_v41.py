@@ -26,7 +26,7 @@ from shuili.core.models.deepseek_v41_cache import cache_groups, idx_group, kv_gr
 from shuili.core.models.deepseek_v41_config import V41Config, named
 from shuili.core.models.deepseek_v41_static import StaticMeta
 from shuili.core.models.deepseek_v4 import rope_tables
-from shuili.core.models.deepseek_v4_cache import token_slots
+from shuili.core.models.deepseek_v4_cache import entry_slots, token_slots
 from shuili.core.models.driver import CacheDriver
 from shuili.core.models.tokenizer import ByteTokenizer, deepseek_chat
 from shuili.hal import DispatchTable, numerics
@@ -390,10 +390,7 @@ class DeepseekV41Model:
                                        pool, cfg.candidate_topk_blocks if is_cand else 0, cfg.candidate_block_size)
         if is_cand:
             shared.candidates = cand
-        ids = ids.long()
-        slots = token_slots(meta.batch.block_tables[kv_group(src)], meta.tok_seq[:, None].expand_as(ids), ids,
-                            meta.P // ratio)
-        shared.topk = torch.where(ids >= 0, slots, torch.full_like(slots, -1)).int()
+        shared.topk = entry_slots(meta.batch.block_tables[kv_group(src)], meta.tok_seq[:, None], ids, meta.P // ratio)
 
     # ---------------------------------------------------------------- convenience
     def driver(self, max_seqs: int = 1, max_len: int | None = None, tokens_per_block: int | None = None,
