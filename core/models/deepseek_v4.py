@@ -391,7 +391,7 @@ class DeepseekV4Model:
         """out (float32 [T, 2*coff*dim], a view of the state row) = kv, then gate + ape[pos % ratio]:
         written in place, so neither part nor the CSA pair is concatenated (a kernel each)."""
         out.copy_(self.ops.linear(x, c.w))
-        out[:, c.coff * c.dim:] += c.ape[meta.pos_mod[c.ratio]]
+        out[:, c.coff * c.dim:].add_(c.ape[meta.pos_mod[c.ratio]])  # `+=` on a slice would copy it back
 
     def _emit(self, c: Compressor, state: torch.Tensor, off: int, new: _NewEntries, out: torch.Tensor,
               fmt: str) -> None:
