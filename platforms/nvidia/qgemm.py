@@ -90,11 +90,11 @@ def _to_bf16(v):
 
 @triton.jit
 def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN: tl.constexpr,
-                BK: tl.constexpr):
-    """Weight tile of an mxfp4 weight (float32, exact) as its even-K and odd-K halves [BN, BK / 2]
-    (low and high nibbles). The bytes load as int32 words [BN, BK/32, 4]: the 32-element scale group
-    is an axis, so one e8m0 byte per group broadcasts in registers. Byte strides are multiples of 4
-    and the data 4-byte aligned (_weight_args)."""
+                BK: tl.constexpr, BF16: tl.constexpr):
+    """Weight tile of an mxfp4 weight (float32, exact; BF16: bf16 by quant.e2m1_bf16_x8, GPU only)
+    as its even-K and odd-K halves [BN, BK / 2] (low and high nibbles). The bytes load as int32 words
+    [BN, BK/32, 4]: the 32-element scale group is an axis, so one e8m0 byte per group broadcasts in
+    registers. Byte strides are multiples of 4 and the data 4-byte aligned (_weight_args)."""
     G: tl.constexpr = BK // 32
     gi = tl.arange(0, G)
     jj = tl.arange(0, 4)
@@ -103,24 +103,11 @@ def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN
     off = e * (s_we // 4) + cols[:, None, None] * (s_wn // 4) + (gk // 8)[None, :, None] + jj[None, None, :]
     word = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + off, mask=gok[:, :, None], other=0)  # [BN, G, 4]
     sb = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :], mask=gok, other=127)
-    lo, hi = e2m1_x8(word, sb.to(tl.int32)[:, :, None])  # [BN, G, 4, 4] each
-    return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
-
-
-@triton.jit
-def _mxfp4_tile_bf16(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN: tl.constexpr,
-                     BK: tl.constexpr):
-    """_mxfp4_tile's halves as bf16, decoded by quant.e2m1_bf16_x8 (GPU only)."""
-    G: tl.constexpr = BK // 32
-    gi = tl.arange(0, G)
-    jj = tl.arange(0, 4)
-    gk = k0 + gi * 32
-    gok = cok[:, None] & (gk < k_hi)[None, :]  # [BN, G]
-    off = e * (s_we // 4) + cols[:, None, None] * (s_wn // 4) + (gk // 8)[None, :, None] + jj[None, None, :]
-    word = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + off, mask=gok[:, :, None], other=0)  # [BN, G, 4]
-    sb = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :], mask=gok, other=127)
-    pair = tl.broadcast_to(e8m0_bf16_pair(sb.to(tl.int32))[:, :, None], (BN, G, 4))
-    lo, hi = e2m1_bf16_x8(word, pair)  # [BN, G, 4, 4] each
+    if BF16:
+        pair = tl.broadcast_to(e8m0_bf16_pair(sb.to(tl.int32))[:, :, None], (BN, G, 4))
+        lo, hi = e2m1_bf16_x8(word, pair)  # [BN, G, 4, 4] each
+    else:
+        lo, hi = e2m1_x8(word, sb.to(tl.int32)[:, :, None])
     return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
 
 
@@ -172,13 +159,11 @@ def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, 
         part = _dot(tl.zeros([BM, BN], tl.float32), a, al, w, F32, HILO, PLANES)
         out = acc + part * sc[None, :]
     else:
-        if wt == tl.bfloat16 and ASM_E2M1:
-            lo, hi = _mxfp4_tile_bf16(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK)
-        else:
-            lo, hi = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK)
-            if wt == tl.bfloat16:
-                lo = _to_bf16(lo)
-                hi = _to_bf16(hi)
+        asm: tl.constexpr = wt == tl.bfloat16 and ASM_E2M1
+        lo, hi = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK, asm)
+        if wt == tl.bfloat16 and not asm:
+            lo = _to_bf16(lo)
+            hi = _to_bf16(hi)
         if EVEN_ODD:
             out = _dot(_dot(acc, ae, ale, lo.to(wt), F32, HILO, PLANES), ao, alo, hi.to(wt), F32, HILO, PLANES)
         else:

@@ -148,9 +148,10 @@ def e2m1_x8(word, sb):
 
 @triton.jit
 def e8m0_bf16_pair(sb):
-    """e8m0 bytes (int32) -> int32 holding bfloat16 2^(sb - 127) twice (a bf16x2 operand), as the
-    reference decodes them: 0 is the bf16 subnormal 2^-127 (0x0040), 255 is NaN."""
-    bits = tl.where(sb == 0, 0x40, tl.where(sb == 255, 0x7FC0, sb << 7))
+    """e8m0 bytes (int32) -> int32 holding bfloat16 2^(sb - 127) twice (a bf16x2 operand): the high
+    half of e8m0_to_f32's bits (exact: a power of two, or NaN), so byte 0 is the bf16 subnormal
+    2^-127 and 255 NaN, as the reference decodes them."""
+    bits = e8m0_to_f32(sb).to(tl.int32, bitcast=True) >> 16
     return bits | (bits << 16)
 
 
