@@ -78,10 +78,17 @@ SORT_MAX = 2048
 
 
 @triton.jit
-def _mono(score):
-    """common.desc_key's order of float32 scores as int32 (NaN with the sign bit clear on top)."""
-    bits = score.to(tl.int32, bitcast=True)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+def _order(row, i, n):
+    """Scores row[i] (i < n) as int64 u = mono + 2^31 in [0, 2^32): common.desc_key's order of the
+    float32 bits (NaN with the sign bit clear on top)."""
+    bits = tl.load(row + i, mask=i < n, other=0.0).to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+
+
+@triton.jit
+def _key(u, i):
+    """common.desc_key of _order's u and entry ids i: one int64, score desc then id asc."""
+    return ((u - 2147483648) << 32) + (0xFFFFFFFF - i.to(tl.int64))
 
 
 @triton.jit
@@ -96,21 +103,17 @@ def _topk_kernel(s_ptr, keep_ptr, out_ptr, n, K, no_score, s_row, WHOLE: tl.cons
     row = s_ptr + t * s_row
     if WHOLE:
         j = tl.arange(0, NP)
-        u = _mono(tl.load(row + j, mask=j < n, other=0.0)).to(tl.int64)
-        key = (u << 32) + (0xFFFFFFFF - j.to(tl.int64))
-        key = tl.sort(tl.where(j < n, key, -9223372036854775807 - 1), 0, descending=True)
-        ids = tl.where((key >> 32) > no_score, 0xFFFFFFFF - (key & 0xFFFFFFFF), -1).to(tl.int32)
-        tl.store(out_ptr + t * K + j, ids, mask=j < K)
+        key = tl.where(j < n, _key(_order(row, j, n), j), -9223372036854775807 - 1)
     else:
         b = tl.arange(0, 256)
-        prefix = tl.zeros([], tl.int64)  # the K-th highest u = mono + 2^31, found 8 bits a pass
+        prefix = tl.zeros([], tl.int64)  # the K-th highest u, found 8 bits a pass
         rem = K  # of the keys matching prefix, how many are still to take
         for p in tl.static_range(4):
             shift = 24 - 8 * p
             hist = tl.zeros([256], tl.int32)
             for c0 in range(0, n, BLOCK):
                 i = c0 + tl.arange(0, BLOCK)
-                u = _mono(tl.load(row + i, mask=i < n, other=0.0)).to(tl.int64) + 2147483648
+                u = _order(row, i, n)
                 hit = (i < n) & ((u >> (shift + 8)) == prefix)
                 hist += tl.histogram(((u >> shift) & 255).to(tl.int32), 256, mask=hit)
             above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # [256]: matching keys with a higher digit
@@ -121,20 +124,19 @@ def _topk_kernel(s_ptr, keep_ptr, out_ptr, n, K, no_score, s_row, WHOLE: tl.cons
         ties = 0
         for c0 in range(0, n, BLOCK):
             i = c0 + tl.arange(0, BLOCK)
-            u = _mono(tl.load(row + i, mask=i < n, other=0.0)).to(tl.int64) + 2147483648
+            u = _order(row, i, n)
             eq = ((i < n) & (u == prefix)).to(tl.int32)
             keep = ((i < n) & (u > prefix)).to(tl.int32) | (eq & ((ties + tl.cumsum(eq, 0) - eq) < rem))
             pos = taken + tl.cumsum(keep, 0) - keep
-            key = ((u - 2147483648) << 32) + (0xFFFFFFFF - i.to(tl.int64))
-            tl.store(keep_ptr + t * KP + pos, key, mask=keep != 0)
+            tl.store(keep_ptr + t * KP + pos, _key(u, i), mask=keep != 0)
             taken += tl.sum(keep, 0)
             ties += tl.sum(eq, 0)
         tl.debug_barrier()  # the kept keys, stored by other threads of this program
         j = tl.arange(0, KP)
         key = tl.load(keep_ptr + t * KP + j, mask=j < K, other=-9223372036854775807 - 1)
-        key = tl.sort(key, 0, descending=True)
-        ids = tl.where((key >> 32) > no_score, 0xFFFFFFFF - (key & 0xFFFFFFFF), -1).to(tl.int32)
-        tl.store(out_ptr + t * K + j, ids, mask=j < K)
+    key = tl.sort(key, 0, descending=True)
+    ids = tl.where((key >> 32) > no_score, 0xFFFFFFFF - (key & 0xFFFFFFFF), -1).to(tl.int32)
+    tl.store(out_ptr + t * K + j, ids, mask=j < K)
 
 
 def _top(scores: torch.Tensor, k: int, width: int) -> torch.Tensor:
