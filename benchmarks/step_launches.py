@@ -22,14 +22,15 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-# aten ops that launch nothing on a CUDA device: metadata, views, allocation
+# aten ops that launch nothing on a CUDA device: metadata, views, allocation (names as counted: the
+# overload cut off and a trailing underscore stripped, so set_ is "set")
 NO_LAUNCH = {
     "view", "_unsafe_view", "reshape", "as_strided", "slice", "select", "unsqueeze", "squeeze", "expand",
     "permute", "transpose", "t", "detach", "alias", "split", "split_with_sizes", "unbind", "narrow",
-    "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "lift_fresh", "_to_copy_meta",
+    "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "lift_fresh",
     "view_as_real", "view_as_complex", "unflatten", "flatten", "chunk", "is_nonzero", "sym_size", "sym_stride",
-    "_reshape_alias", "resolve_conj", "resolve_neg", "clone_meta", "set_", "sym_numel", "dim", "size", "stride",
-    "is_same_size", "_local_scalar_dense", "record_stream", "numel", "is_contiguous", "contiguous_meta",
+    "_reshape_alias", "resolve_conj", "resolve_neg", "set", "sym_numel", "dim", "size", "stride",
+    "is_same_size", "_local_scalar_dense", "record_stream", "numel", "is_contiguous",
     "scalar_tensor",  # a wrapped Python number (torch.where(c, x, -1)): a CPU 0-dim tensor, no kernel
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,7 +99,6 @@ def main():
     from shuili.platforms.nvidia.ops import make_ops
 
     D.DEV = "cpu"
-    D.mxfp4_random.__globals__["DEV"] = "cpu"
     base = named("mid-v4")
     n = args.layers
     over = dict(num_hidden_layers=n, attn_kinds=base.attn_kinds[1:n + 1], mlp_kinds=base.mlp_kinds[-n:],
