@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from shuili.hal.types import Weight
-from shuili.platforms.nvidia import qgemm
+from shuili.platforms.nvidia import qgemm, skinny
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting
 from shuili.platforms.nvidia.moe_prep import group_tiles, moe_prep
 from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
@@ -273,6 +273,11 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
         raise ValueError(f"linear: x has {x.shape[-1]} features, weight expects {w.in_features}")
     if w.format in ("mxfp4", "fp8_block32") and w.in_features % 32:
         raise ValueError(f"{w.format} weights need K % 32 == 0, got K={w.in_features}")
+    if w.format == "dense" and skinny.supports(x, w.out_features) and w.data.dtype == torch.float32 and x.dim() == 2:
+        y = torch.empty(x.shape[0], w.out_features, dtype=x.dtype, device=x.device)
+        if x.shape[0] == 0:
+            return y
+        return skinny.linear(x, w.data, bias.float().contiguous() if bias is not None else None, y)
     if w.format == "dense" and not batch_invariant:
         y = torch.matmul(x, w.data.to(x.dtype).t())
         return y + bias.to(y.dtype) if bias is not None else y

@@ -31,7 +31,8 @@ _KV_READ = (DtypeSupport(name="none"),) + _KV
 _CAPS = {
     "linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
                "default: cuBLAS (dense) / M-sized Triton tiles (quantized); batch-invariant mode: "
-               "one fixed-tile Triton kernel, no split-K"),
+               "one fixed-tile Triton kernel; float32 with at most 64 columns: split-K over fixed "
+               "chunks of K in both modes"),
     "grouped_linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant, "Triton grouped GEMM"),
     "moe_experts": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
                     "stable sort by expert, two grouped GEMMs, fixed-order sum over k"),

@@ -548,6 +548,24 @@ def test_routing_and_sinkhorn(device):
         assert rel(a, b) < 1e-5
 
 
+# ---------------------------------------------------- float32 linears of few columns (skinny.py)
+@pytest.mark.parametrize("bi", [False, True])
+@pytest.mark.parametrize("t,k,n,bias", [(64, 8192, 24, False), (7, 2048, 32, True), (5, 96, 3, False),
+                                        (33, 4000, 64, True)])
+def test_skinny_float32_linear(device, bi, t, k, n, bias):
+    """Float32 linears of at most 64 columns take the split-K kernel in both modes: the reference's
+    values, and rows alone bit for bit."""
+    x, w = rnd(t, k, seed=k), Weight.dense(rnd(n, k, seed=n))
+    b = rnd(n, seed=3) if bias else None
+    want = REF["linear"](x, w, b)
+    on = lambda v: v.to(device) if v is not None else None  # noqa: E731
+    got = gemm.linear(on(x), w.to(device), on(b), batch_invariant=bi).cpu()
+    assert got.shape == (t, n) and rel(got, want) < 1e-5  # float32 over up to 8192 terms
+    for i in (0, t - 1):
+        assert torch.equal(gemm.linear(on(x[i:i + 1]), w.to(device), on(b), batch_invariant=bi).cpu(), got[i:i + 1])
+    assert gemm.linear(on(x[:0]), w.to(device), on(b), batch_invariant=bi).shape == (0, n)
+
+
 # ------------------------------------------------------------------------------ mHC streams
 def hc_inputs(t, m, d, dtype):
     gen = g(100 * m + d)

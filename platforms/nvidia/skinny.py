@@ -1,0 +1,93 @@
+"""Float32 GEMMs with few output columns: a decode step's mHC mixing linears (N = m(m+2) = 24,
+K = m*D = 8192 on mid-v4) and MoE routers (N = E = 32, K = D = 2048), whose weights are float32.
+cuBLAS ran each as a SIMT sgemm plus a split-K reduce: two kernels and about 10 us for 1-3 MB (an
+H200 profile of 2026-12-06 put the 37 pairs of a mid-v4 step at 380 us).
+
+Here K is cut into chunks whose size comes from K alone; program (row tile, chunk) computes its
+[BM, all N] float32 partial with an IEEE dot (FMA over the chunk's K in order) and stores it, and
+the partials are added in a fixed order by the kernel that needs the sum: qgemm's split-K sum for
+a linear (chunk order), the Sinkhorn kernel for hc_mix (mhc.py). SUMSQ also stores each row's partial sum of squares over
+the chunk (hc_mix's unweighted RMSNorm, folded in: the rows are never normalised in memory). The
+tile and the chunking never depend on M, so a row's bits never depend on the batch or on its
+place in it: batch-invariant in default mode too.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shuili.platforms.nvidia.common import cdiv, pow2
+from shuili.platforms.nvidia.qgemm import _split_sum_kernel
+
+MAX_N = 64  # wider outputs go to the general GEMMs: one program holds all N columns
+BM, BK = 16, 64
+MIN_KC, CHUNKS = 128, 32  # K in about CHUNKS chunks of at least MIN_KC (a multiple of BK)
+
+
+@triton.jit
+def _partials_kernel(x_ptr, w_ptr, p_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, SUMSQ: tl.constexpr,
+                     NP: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """p[chunk, row, :N] = x[row, chunk] @ w[:, chunk]^T, float32; SUMSQ: p[chunk, row, N] = the
+    chunk's sum of x^2."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    rok = rows < M
+    cols = tl.arange(0, NP)
+    cok = cols < N
+    k_lo = tl.program_id(1) * KC
+    k_hi = tl.minimum(k_lo + KC, K)
+    acc = tl.zeros([BM, NP], tl.float32)
+    ss = tl.zeros([BM], tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        kk = k0 + tl.arange(0, BK)
+        kok = kk < k_hi
+        a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :], mask=rok[:, None] & kok[None, :],
+                    other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols[:, None] * s_wn + kk[None, :], mask=cok[:, None] & kok[None, :], other=0.0)
+        acc = tl.dot(a, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        if SUMSQ:
+            ss += tl.sum(a * a, axis=1)
+    part = p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows[:, None].to(tl.int64) * s_pm
+    tl.store(part + cols[None, :], acc, mask=rok[:, None] & cok[None, :])
+    if SUMSQ:
+        tl.store(p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows.to(tl.int64) * s_pm + N, ss, mask=rok)
+
+
+def supports(x: torch.Tensor, n: int) -> bool:
+    """x [M, K] float32 against a float32 weight of n <= MAX_N rows."""
+    return x.dtype == torch.float32 and 0 < n <= MAX_N
+
+
+def chunk(k: int) -> int:
+    """K per chunk: a multiple of BK, from K alone (never from M)."""
+    return max(MIN_KC, cdiv(cdiv(k, CHUNKS), BK) * BK)
+
+
+def partials(x: torch.Tensor, w: torch.Tensor, sumsq: bool = False) -> torch.Tensor:
+    """x [M, K] (any float dtype, read as float32; unit stride along K), w float32 [N, K] ->
+    float32 partials [chunks, M, N (+1 with sumsq)]."""
+    m, k = x.shape
+    n = w.shape[0]
+    if w.shape[1] != k or n > MAX_N:
+        raise ValueError(f"skinny partials: x {tuple(x.shape)} and w {tuple(w.shape)} (at most {MAX_N} rows)")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    w = w.float().contiguous()
+    kc = chunk(k)
+    s = cdiv(k, kc)
+    p = torch.empty(s, m, n + int(sumsq), dtype=torch.float32, device=x.device)
+    if m:
+        _partials_kernel[(cdiv(m, BM), s)](x, w, p, m, n, k, kc, x.stride(0), w.stride(0), p.stride(1),
+                                           p.stride(0), SUMSQ=sumsq, NP=pow2(n, 16), BM=BM, BK=BK,
+                                           num_warps=4)
+    return p
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    """y [M, N] = x @ w^T (+ bias), x and w float32: the partials, then their sum in chunk order."""
+    p = partials(x, w)
+    m, n = y.shape
+    block = 1024
+    _split_sum_kernel[(cdiv(m * n, block),)](p, bias if bias is not None else p, y, m, n, y.stride(0),
+                                             SPLIT=p.shape[0], HAS_BIAS=bias is not None, BLOCK=block)
+    return y
