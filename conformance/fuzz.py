@@ -227,6 +227,18 @@ def gen_hc_split_sinkhorn(rng: Rng, **_) -> Case:
     return case
 
 
+def gen_hc_mix(rng: Rng, **_) -> Case:
+    t, m, d = rng.size(), rng.choice([1, 2, 4]), rng.choice([8, 64, 256, 1000])
+    # streams of unequal scales (the norm is over all m*D values); fn ~ 1 / sqrt(m*D): mix of order 1
+    x = rng.normal(t, m, d) * rng.uniform(1, m, 1, lo=0.05, hi=30.0)
+    fn = Weight.dense(rng.normal(m * (m + 2), m * d, std=(m * d) ** -0.5))
+    kw = {"x": x, "fn": fn, "scale": rng.uniform(3, lo=0.1, hi=2.0), "base": rng.normal(m * (m + 2), std=0.5),
+          "iters": rng.choice([1, 3, 20]), "eps": 1e-6, "norm_eps": rng.choice([1e-6, 1e-20])}
+    case = Case("hc_mix", 0, kw, ("x",), t, params={"T": t, "m": m, "D": d, "iters": kw["iters"]})
+    case.split = _rows({"x": 0})(case)
+    return case
+
+
 def gen_engram_gate(rng: Rng, **_) -> Case:
     t, m, d = rng.size(), rng.choice([1, 4]), rng.choice([32, 64, 256])
     # q * k weights near 1, streams and kv of unequal scales: gates spread over (0, 1)

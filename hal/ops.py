@@ -161,6 +161,27 @@ def hc_split_sinkhorn(
     """
 
 
+@_op("mhc", since="1.7")
+def hc_mix(
+    x: torch.Tensor,
+    fn: Weight,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    iters: int,
+    eps: float,
+    norm_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4 mHC coefficients of a layer, from the streams it reads: the unweighted norm, the
+    mixing linear and hc_split_sinkhorn as one op. x [T, m, D] compute dtype (m = hc_mult); fn a
+    dense float32 Weight [m(m+2), m*D]; scale [3]; base [m(m+2)].
+    flat = rms_norm(x.reshape(T, m*D) in float32, None, norm_eps)
+    mix  = linear(flat, fn) in float32                                          -> [T, m(m+2)]
+    Returns hc_split_sinkhorn(mix, scale, base, m, iters, eps): (pre, post, comb), all float32.
+    The mix is a float32 sum over m*D terms, accurate as `linear`'s (any fixed order); the rest as
+    hc_split_sinkhorn. Row-local: token t's outputs depend only on x[t].
+    """
+
+
 @_op("mhc", since="1.4")
 def engram_gate(
     x: torch.Tensor,

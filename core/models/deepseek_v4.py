@@ -308,10 +308,8 @@ class DeepseekV4Model:
 
     def _hc_pre(self, hc: HC, x: torch.Tensor):
         ops, cfg = self.ops, self.cfg
-        T, m, D = x.shape
-        flat = ops.rms_norm(x.reshape(T, m * D).float(), None, cfg.rms_norm_eps)
-        mix = ops.linear(flat, hc.fn).float()
-        pre, post, comb = ops.hc_split_sinkhorn(mix, hc.scale, hc.base, m, cfg.hc_sinkhorn_iters, cfg.hc_eps)
+        pre, post, comb = ops.hc_mix(x, hc.fn, hc.scale, hc.base, cfg.hc_sinkhorn_iters, cfg.hc_eps,
+                                     cfg.rms_norm_eps)
         return ops.hc_collapse(x, pre), post, comb  # [T, D]
 
     def _block(self, blk: Block, layer: int, x: torch.Tensor, meta: _Meta, ids: torch.Tensor) -> torch.Tensor:

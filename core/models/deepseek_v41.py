@@ -280,11 +280,8 @@ class DeepseekV41Model:
         return ops.hc_expand(f, x, post, comb), pre_f
 
     def _hc(self, hc: HC, x: torch.Tensor):
-        ops, cfg = self.ops, self.cfg
-        T, m, D = x.shape
-        flat = ops.rms_norm(x.reshape(T, m * D).float(), None, cfg.rms_norm_eps)
-        mix = ops.linear(flat, hc.fn).float()
-        return ops.hc_split_sinkhorn(mix, hc.scale, hc.base, m, cfg.hc_sinkhorn_iters, cfg.hc_eps)
+        cfg = self.cfg
+        return self.ops.hc_mix(x, hc.fn, hc.scale, hc.base, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
 
     def _moe(self, p: Moe, x: torch.Tensor) -> torch.Tensor:
         ops, cfg = self.ops, self.cfg

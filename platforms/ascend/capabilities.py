@@ -29,6 +29,7 @@ KERNELS = {
     "swiglu": ("npu_swiglu; torch with a limit", "elementwise"),
     "embedding": ("torch embedding", "elementwise"),
     "hc_split_sinkhorn": ("host torch (reference numerics)", "host"),
+    "hc_mix": ("this table's rms_norm, linear and hc_split_sinkhorn composed (no fused torch_npu op)", "split"),
     "engram_gate": ("host torch (reference numerics)", "host"),
     "hc_collapse": ("torch on device (the reference's code: float32 products, fixed-tree sum)", "elementwise"),
     "hc_expand": ("torch on device (the reference's code: float32, streams added in order)", "elementwise"),

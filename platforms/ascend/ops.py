@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from shuili.hal.ops import OP_NAMES
 from shuili.platforms.ascend import attention, collectives, gemm, indexer, kv, norm_rope
 from shuili.platforms.ascend.host import on_host
+from shuili.platforms.reference.public import composed_hc_mix
 
 # no torch_npu op covers these (vllm-ascend samples with plain torch on 950, too)
 HOST_OPS = ("log_softmax", "apply_penalties", "sample")
@@ -40,6 +41,9 @@ def build_ops(api, mode: Mode) -> dict:
         table.update(module.build(api, mode))
     for name in HOST_OPS:
         table[name] = on_host(name)
+    # no torch_npu op fuses the mHC norm, mixing linear and Sinkhorn: the three of this table, so the
+    # norm and the linear stay on the NPU (the linear's tiling decides the determinism: kind "split")
+    table["hc_mix"] = composed_hc_mix(table["rms_norm"], table["linear"], table["hc_split_sinkhorn"])
     missing = [n for n in OP_NAMES if n not in table]
     if missing:
         raise RuntimeError(f"the Ascend op table lacks {missing}")

@@ -1,4 +1,10 @@
-"""hc_collapse and hc_expand: the mHC stream collapse and expand, one program per (token, D tile),
+"""The mHC ops. hc_split_sinkhorn and hc_mix: one program per token computes its coefficients;
+hc_mix first adds the partials of skinny.py's split-K float32 GEMM (its norm folded in as the
+rows' sums of squares), so the norm, the mixing linear (cuBLAS sgemm + split-K reduce before) and
+the Sinkhorn take two launches where a float32 copy, the norm, two cuBLAS kernels and the
+Sinkhorn took five. Every tile is fixed: batch-invariant in both modes.
+
+hc_collapse and hc_expand: the mHC stream collapse and expand, one program per (token, D tile),
 all m streams of the token in registers. As torch glue they were many small elementwise kernels
 per layer; as these kernels they took mid-v4's decode step (released formats, batch 64, H200)
 from 9.15 to 8.14 ms.
@@ -11,10 +17,102 @@ import torch
 import triton
 import triton.language as tl
 
+from shuili.hal.types import Weight
+from shuili.platforms.nvidia import skinny
 from shuili.platforms.nvidia.common import cdiv, pow2
-from shuili.platforms.reference.public import check_hc_args
+from shuili.platforms.reference.public import check_hc_args, check_hc_mix_args, composed_hc_mix
 
 _TILE = 4096  # values of x per program: [MP, BD]
+
+
+@triton.jit
+def _mix(ptr, t, off, ok, sidx, S, s_t, s_part, r, PARTS: tl.constexpr):
+    """Token t's mix at columns off: ptr[t, off], or (PARTS) r times the sum of the partials
+    ptr[s, t, off] over s < S (sidx: arange(SP) shaped to broadcast against off, leading)."""
+    if PARTS:
+        p = tl.load(ptr + sidx * s_part + t * s_t + tl.expand_dims(off, 0),
+                    mask=(sidx < S) & tl.expand_dims(ok, 0), other=0.0)
+        v = tl.sum(p, axis=0) * r
+    else:
+        v = tl.load(ptr + t * s_t + off, mask=ok, other=0.0)
+    return v
+
+
+@triton.jit
+def _sinkhorn_kernel(mix_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, iters, eps, s_t, s_part, S,
+                     K, norm_eps, M: tl.constexpr, MP: tl.constexpr, PARTS: tl.constexpr, SP: tl.constexpr):
+    """hc_split_sinkhorn of token t's mix [M(M+2)] (row stride s_t). PARTS (hc_mix): the mix is the
+    sum of S partials s_part apart, times 1 / rms of the row, whose partial sums of squares over its
+    K values sit in column M(M+2)."""
+    t = tl.program_id(0).to(tl.int64)
+    W: tl.constexpr = M * (M + 2)
+    s = tl.arange(0, SP)
+    r = 1.0
+    if PARTS:
+        ss = tl.sum(tl.load(mix_ptr + s * s_part + t * s_t + W, mask=s < S, other=0.0), axis=0)
+        r = 1.0 / tl.sqrt_rn(ss / K + norm_eps)
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+    i = tl.arange(0, MP)
+    iok = i < M
+    a = _mix(mix_ptr, t, i, iok, s[:, None], S, s_t, s_part, r, PARTS) * s0 \
+        + tl.load(base_ptr + i, mask=iok, other=0.0)
+    tl.store(pre_ptr + t * M + i, 1.0 / (1.0 + tl.exp(-a)) + eps, mask=iok)
+    b = _mix(mix_ptr, t, M + i, iok, s[:, None], S, s_t, s_part, r, PARTS) * s1 \
+        + tl.load(base_ptr + M + i, mask=iok, other=0.0)
+    tl.store(post_ptr + t * M + i, 2.0 / (1.0 + tl.exp(-b)), mask=iok)
+    rr = tl.arange(0, MP)[:, None]
+    c = tl.arange(0, MP)[None, :]
+    ok = (rr < M) & (c < M)
+    z = _mix(mix_ptr, t, 2 * M + rr * M + c, ok, s[:, None, None], S, s_t, s_part, r, PARTS) * s2 \
+        + tl.load(base_ptr + 2 * M + rr * M + c, mask=ok, other=0.0)
+    z = tl.where(ok, z, float("-inf"))
+    ez = tl.where(ok, tl.exp(z - tl.max(z, axis=1)[:, None]), 0.0)
+    den = tl.sum(ez, axis=1)[:, None]
+    cm = tl.where(ok, ez / tl.where(den > 0, den, 1.0) + eps, 0.0)
+    cm = cm / (tl.sum(cm, axis=0)[None, :] + eps)
+    for _ in range(1, iters):
+        cm = cm / (tl.sum(cm, axis=1)[:, None] + eps)
+        cm = cm / (tl.sum(cm, axis=0)[None, :] + eps)
+    tl.store(comb_ptr + t * M * M + rr * M + c, cm, mask=ok)
+
+
+def _coefficients(mix, scale, base, m, iters, eps, parts=None, k=1, norm_eps=0.0):
+    """(pre, post, comb) from mix [T, m(m+2)], or from hc_mix's partials [S, T, m(m+2) + 1]."""
+    src = parts if parts is not None else mix
+    t = src.shape[-2]
+    dev = src.device
+    pre = torch.empty(t, m, device=dev)
+    post = torch.empty(t, m, device=dev)
+    comb = torch.empty(t, m, m, device=dev)
+    if t:
+        s_part, n_parts = (parts.stride(0), parts.shape[0]) if parts is not None else (0, 1)
+        _sinkhorn_kernel[(t,)](src, scale.float().contiguous(), base.float().contiguous(), pre, post, comb,
+                               int(iters), float(eps), src.stride(-2), s_part, n_parts, k, float(norm_eps),
+                               M=m, MP=pow2(m, 2), PARTS=parts is not None, SP=pow2(n_parts))
+    return pre, post, comb
+
+
+def hc_split_sinkhorn(mix, scale, base, hc_mult, iters, eps):
+    m = int(hc_mult)
+    if mix.shape[-1] != m * (m + 2):
+        raise ValueError(f"hc_split_sinkhorn: mix must be [T, {m * (m + 2)}] for hc_mult={m}")
+    return _coefficients(mix.float().contiguous(), scale, base, m, iters, eps)
+
+
+def hc_mix(x: torch.Tensor, fn: Weight, scale, base, iters, eps, norm_eps):
+    check_hc_mix_args(x, fn)
+    t, m, d = x.shape
+    if m * (m + 2) > skinny.MAX_N:  # one program holds every mixing column: else the three ops, with
+        # the fixed-tile linear, so the op is batch-invariant in both modes (DeepSeek's m = 4 never comes here)
+        from shuili.platforms.nvidia import gemm, norm_rope
+
+        lin = lambda a, w: gemm.linear(a, w, batch_invariant=True)  # noqa: E731
+        return composed_hc_mix(norm_rope.rms_norm, lin, hc_split_sinkhorn)(x, fn, scale, base, iters, eps,
+                                                                           norm_eps)
+    parts = skinny.partials(x.reshape(t, m * d), fn.data, sumsq=True)
+    return _coefficients(None, scale, base, m, iters, eps, parts, m * d, norm_eps)
 
 
 @triton.jit

@@ -1,5 +1,5 @@
 """Small ops: embedding, swiglu, cache_write (Triton byte copy that skips negative slots without a
-host sync), mHC Sinkhorn (Triton, one program per token), single-process collectives."""
+host sync), single-process collectives."""
 from __future__ import annotations
 
 import torch
@@ -83,55 +83,6 @@ def cache_write(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
     _copy_rows[(n, cdiv(row, block))](dst, slot_mapping.to(torch.int64).contiguous(), src, row,
                                       BLOCK=block)
     return None
-
-
-@triton.jit
-def _sinkhorn_kernel(mix_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, iters, eps,
-                     M: tl.constexpr, MP: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    W: tl.constexpr = M * (M + 2)
-    i = tl.arange(0, MP)
-    iok = i < M
-    s0 = tl.load(scale_ptr)
-    s1 = tl.load(scale_ptr + 1)
-    s2 = tl.load(scale_ptr + 2)
-    a = tl.load(mix_ptr + t * W + i, mask=iok, other=0.0) * s0 + tl.load(base_ptr + i, mask=iok, other=0.0)
-    tl.store(pre_ptr + t * M + i, 1.0 / (1.0 + tl.exp(-a)) + eps, mask=iok)
-    b = tl.load(mix_ptr + t * W + M + i, mask=iok, other=0.0) * s1 + tl.load(base_ptr + M + i, mask=iok,
-                                                                              other=0.0)
-    tl.store(post_ptr + t * M + i, 2.0 / (1.0 + tl.exp(-b)), mask=iok)
-    r = tl.arange(0, MP)[:, None]
-    c = tl.arange(0, MP)[None, :]
-    ok = (r < M) & (c < M)
-    z = tl.load(mix_ptr + t * W + 2 * M + r * M + c, mask=ok, other=0.0) * s2 \
-        + tl.load(base_ptr + 2 * M + r * M + c, mask=ok, other=0.0)
-    z = tl.where(ok, z, float("-inf"))
-    ez = tl.where(ok, tl.exp(z - tl.max(z, axis=1)[:, None]), 0.0)
-    den = tl.sum(ez, axis=1)[:, None]
-    cm = tl.where(ok, ez / tl.where(den > 0, den, 1.0) + eps, 0.0)
-    cm = cm / (tl.sum(cm, axis=0)[None, :] + eps)
-    for _ in range(1, iters):
-        cm = cm / (tl.sum(cm, axis=1)[:, None] + eps)
-        cm = cm / (tl.sum(cm, axis=0)[None, :] + eps)
-    tl.store(comb_ptr + t * M * M + r * M + c, cm, mask=ok)
-
-
-def hc_split_sinkhorn(mix, scale, base, hc_mult, iters, eps):
-    m = int(hc_mult)
-    t = mix.shape[0]
-    if mix.shape[-1] != m * (m + 2):
-        raise ValueError(f"hc_split_sinkhorn: mix must be [T, {m * (m + 2)}] for hc_mult={m}")
-    dev = mix.device
-    pre = torch.empty(t, m, device=dev)
-    post = torch.empty(t, m, device=dev)
-    comb = torch.empty(t, m, m, device=dev)
-    if t:
-        _sinkhorn_kernel[(t,)](mix.float().contiguous(), scale.float().contiguous(),
-                               base.float().contiguous(), pre, post, comb, int(iters), float(eps),
-                               M=m, MP=pow2(m, 2))
-    return pre, post, comb
-
-
 
 
 def all_reduce(x: torch.Tensor, group: object | None = None) -> torch.Tensor:

@@ -22,7 +22,8 @@ PLAIN_OPS = {
     "rope": norm_rope.rope,
     "swiglu": misc.swiglu,
     "embedding": misc.embedding,
-    "hc_split_sinkhorn": misc.hc_split_sinkhorn,
+    "hc_split_sinkhorn": mhc.hc_split_sinkhorn,
+    "hc_mix": mhc.hc_mix,
     "hc_collapse": mhc.hc_collapse,
     "hc_expand": mhc.hc_expand,
     "engram_gate": REFERENCE_OPS["engram_gate"],  # exact numerics, row-local, runs on the GPU

@@ -42,6 +42,9 @@ _CAPS = {
     "swiglu": (_ACT, (), L.batch_invariant, L.batch_invariant, "elementwise"),
     "embedding": (_ACT, (), L.portable_bitwise, L.portable_bitwise, "row gather"),
     "hc_split_sinkhorn": (_F32, (), L.batch_invariant, L.batch_invariant, "one program per token"),
+    "hc_mix": (_ACT, (), L.batch_invariant, L.batch_invariant,
+               "float32 split-K partials over fixed K chunks (skinny.py), then one program per token: "
+               "their sum, the norm's scale and the Sinkhorn"),
     "hc_collapse": (_ACT, (), L.batch_invariant, L.batch_invariant,
                     "one program per (token, D tile); the reference's float32 tree over the streams"),
     "hc_expand": (_ACT, (), L.batch_invariant, L.batch_invariant,

@@ -1,10 +1,14 @@
-"""DeepSeek-V4 mHC: the coefficients (split + Sinkhorn), the stream collapse and expand; float32
-with fixed-tree or fixed-order sums."""
+"""DeepSeek-V4 mHC: the coefficients (split + Sinkhorn, and hc_mix: norm + mixing linear +
+Sinkhorn), the stream collapse and expand; float32 with fixed-tree or fixed-order sums."""
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from shuili.hal import numerics
+from shuili.hal.types import Weight
+from shuili.platforms.reference import gemm, norm
 
 
 def hc_split_sinkhorn(mix: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, hc_mult: int,
@@ -46,6 +50,34 @@ def check_hc_args(op: str, x: torch.Tensor, **parts: torch.Tensor) -> None:
         if tuple(v.shape) != want[name]:
             raise ValueError(f"{op}: {name} must be {_HC_DIMS[name]} = {list(want[name])} for x "
                              f"{tuple(x.shape)}, got {tuple(v.shape)}")
+
+
+def check_hc_mix_args(x: torch.Tensor, fn: Weight) -> None:
+    """hc_mix's x must be [T, m, D] and fn a dense [m(m+2), m*D] weight; the error names the fix."""
+    if x.dim() != 3:
+        raise ValueError(f"hc_mix: x must be the streams [T, m, D], got {tuple(x.shape)}")
+    _, m, d = x.shape
+    want = (m * (m + 2), m * d)
+    if fn.format != "dense" or tuple(fn.shape) != want:
+        raise ValueError(f"hc_mix: fn must be a dense weight [m(m+2), m*D] = {list(want)} for x "
+                         f"{tuple(x.shape)}, got {fn.format} {tuple(fn.shape)}")
+
+
+def composed_hc_mix(rms_norm: Callable, linear: Callable, split_sinkhorn: Callable) -> Callable:
+    """hc_mix as the three ops that define it, from one op table (the reference's, or a platform's
+    own where it has no fused kernel)."""
+
+    def hc_mix(x: torch.Tensor, fn: Weight, scale: torch.Tensor, base: torch.Tensor, iters: int,
+               eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        check_hc_mix_args(x, fn)
+        t, m, d = x.shape
+        flat = rms_norm(x.reshape(t, m * d).float(), None, norm_eps)
+        return split_sinkhorn(linear(flat, fn).float(), scale, base, m, iters, eps)
+
+    return hc_mix
+
+
+hc_mix = composed_hc_mix(norm.rms_norm, gemm.linear, hc_split_sinkhorn)
 
 
 def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ OPS: dict[str, object] = {
     "swiglu": elementwise.swiglu,
     "embedding": elementwise.embedding,
     "hc_split_sinkhorn": mhc.hc_split_sinkhorn,
+    "hc_mix": mhc.hc_mix,
     "hc_collapse": mhc.hc_collapse,
     "hc_expand": mhc.hc_expand,
     "engram_gate": engram.engram_gate,

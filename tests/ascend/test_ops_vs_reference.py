@@ -77,6 +77,16 @@ def test_embedding_and_sinkhorn(npu, ref, gen):
         close(a, b, 1e-5)
 
 
+def test_hc_mix_composes_this_tables_ops(npu, ref, paths, gen):
+    m, d = 4, 16
+    x = torch.randn(5, m, d, generator=gen).to(torch.bfloat16)
+    fn = Weight.dense(torch.randn(m * (m + 2), m * d, generator=gen) / 8)
+    scale, base = torch.rand(3, generator=gen), torch.randn(m * (m + 2), generator=gen)
+    for a, b in zip(npu["hc_mix"](x, fn, scale, base, 5, 1e-6, 1e-6), ref["hc_mix"](x, fn, scale, base, 5, 1e-6, 1e-6)):
+        close(a, b, 1e-5)
+    assert paths["rms_norm:npu_rms_norm"] == 1 and paths["hc_split_sinkhorn:host"] == 1
+
+
 def test_mhc_streams_run_the_reference_on_the_device(npu, ref, paths, gen):
     x, f = torch.randn(5, 4, 16, generator=gen).to(torch.bfloat16), torch.randn(5, 16, generator=gen)
     pre, post, comb = torch.rand(5, 4, generator=gen), torch.rand(5, 4, generator=gen), torch.rand(5, 4, 4, generator=gen)

@@ -543,7 +543,7 @@ def test_routing_and_sinkhorn(device):
     rw, rids = REF["moe_route_hash"](logits, toks, tid, "sigmoid", True, 1.0)
     assert torch.equal(ids.cpu(), rids) and rel(w, rw) < 1e-6
     mix, scale, base = rnd(11, 24, seed=73), torch.tensor([0.5, 1.0, 2.0]), rnd(24, seed=74, std=0.5)
-    got = misc.hc_split_sinkhorn(mix.to(device), scale.to(device), base.to(device), 4, 20, 1e-6)
+    got = mhc.hc_split_sinkhorn(mix.to(device), scale.to(device), base.to(device), 4, 20, 1e-6)
     for a, b in zip(got, REF["hc_split_sinkhorn"](mix, scale, base, 4, 20, 1e-6)):
         assert rel(a, b) < 1e-5
 
@@ -564,6 +564,51 @@ def test_skinny_float32_linear(device, bi, t, k, n, bias):
     for i in (0, t - 1):
         assert torch.equal(gemm.linear(on(x[i:i + 1]), w.to(device), on(b), batch_invariant=bi).cpu(), got[i:i + 1])
     assert gemm.linear(on(x[:0]), w.to(device), on(b), batch_invariant=bi).shape == (0, n)
+
+
+# ------------------------------------------------------------------------- mHC mixing (hc_mix)
+def mix_inputs(t, m, d, dtype, seed=0):
+    gen = g(seed + 10 * m + d)
+    x = (torch.randn(t, m, d, generator=gen) * torch.logspace(-1, 1, m)[:, None]).to(dtype)
+    fn = Weight.dense(torch.randn(m * (m + 2), m * d, generator=gen) / (m * d) ** 0.5)
+    return x, fn, torch.tensor([0.5, 1.0, 2.0]), torch.randn(m * (m + 2), generator=gen) * 0.5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,d", [(4, 256), (4, 1000), (2, 64), (1, 8), (8, 16)])
+def test_hc_mix(device, dtype, m, d):
+    """Against the reference (its norm, linear and Sinkhorn), rows alone bit for bit (the K chunks,
+    the last one partial at D = 1000, and the partial sums never depend on the batch); m = 8 has 80
+    mixing columns, past one program's MAX_N: the composed path."""
+    t = 19
+    x, fn, scale, base = mix_inputs(t, m, d, dtype)
+    want = REF["hc_mix"](x.float(), fn, scale, base, 20, 1e-6, 1e-6)
+    on = lambda *a: [v.to(device) for v in a]  # noqa: E731
+    got = [v.cpu() for v in mhc.hc_mix(*on(x, fn, scale, base), 20, 1e-6, 1e-6)]
+    assert [v.shape for v in got] == [(t, m), (t, m), (t, m, m)]
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32 and rel(a, b) < 2e-5
+    for i in (0, 7, t - 1):
+        one = mhc.hc_mix(*on(x[i:i + 1], fn, scale, base), 20, 1e-6, 1e-6)
+        assert all(torch.equal(a[i:i + 1], b.cpu()) for a, b in zip(got, one))
+    assert [v.shape for v in mhc.hc_mix(*on(x[:0], fn, scale, base), 20, 1e-6, 1e-6)] == [(0, m), (0, m), (0, m, m)]
+
+
+def test_hc_mix_norm_is_folded_in(device):
+    """Scaling a token's streams leaves its mix (a norm's output times fn) unchanged: the sums of
+    squares are applied. Without them the pre coefficients move by far more than rounding."""
+    x, fn, scale, base = mix_inputs(4, 4, 64, torch.float32, seed=5)
+    a = mhc.hc_mix(x.to(device), fn.to(device), scale.to(device), base.to(device), 5, 1e-6, 1e-6)
+    b = mhc.hc_mix((x * 64).to(device), fn.to(device), scale.to(device), base.to(device), 5, 1e-6, 1e-6)
+    assert rel(b[0], a[0]) < 1e-6 and rel(b[2], a[2]) < 1e-6
+
+
+def test_hc_mix_checks_fn(device):
+    x, fn, scale, base = mix_inputs(3, 4, 8, torch.float32)
+    with pytest.raises(ValueError, match=r"hc_mix: fn must be a dense weight \[m\(m\+2\), m\*D\]"):
+        mhc.hc_mix(x.to(device), Weight.dense(fn.data[:, :16]).to(device), scale, base, 1, 1e-6, 1e-6)
+    with pytest.raises(ValueError, match=r"hc_mix: x must be the streams"):
+        mhc.hc_mix(x[:, 0].to(device), fn.to(device), scale, base, 1, 1e-6, 1e-6)
 
 
 # ------------------------------------------------------------------------------ mHC streams

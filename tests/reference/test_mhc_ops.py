@@ -85,3 +85,21 @@ def test_bad_shapes_are_named():
         expand(f, x, post[:2], comb)
     with pytest.raises(ValueError, match=r"hc_expand: comb must be \[T, m, m\]"):
         expand(f, x, post, comb[:, :, :2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 4])
+def test_hc_mix_bits_are_the_model_glue(dtype, m):
+    """hc_mix is the three calls the models made before HAL 1.7, bit for bit."""
+    from shuili.hal.types import Weight
+
+    d, g = 48, torch.Generator().manual_seed(m)
+    x = (torch.randn(7, m, d, generator=g) * 3).to(dtype)
+    fn = Weight.dense(torch.randn(m * (m + 2), m * d, generator=g) / 16)
+    scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(m * (m + 2), generator=g)
+    flat = OPS["rms_norm"](x.reshape(7, m * d).float(), None, 1e-6)
+    want = OPS["hc_split_sinkhorn"](OPS["linear"](flat, fn).float(), scale, base, m, 20, 1e-6)
+    got = OPS["hc_mix"](x, fn, scale, base, 20, 1e-6, 1e-6)
+    assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(ValueError, match=r"hc_mix: fn must be a dense weight \[m\(m\+2\), m\*D\]"):
+        OPS["hc_mix"](x, Weight.dense(fn.data[:, 1:]), scale, base, 20, 1e-6, 1e-6)
