@@ -221,11 +221,13 @@ MOE_CANDIDATES = [(bn, bk, nw, ns) for bn in (32, 64, 128) for bk in (64, 128, 2
                   for nw, ns in ((4, 4), (2, 4), (4, 3), (8, 3))]
 
 
-def sweep_moe(bw, t=64):
+def sweep_moe(bw, t=64, candidates=None):
     """Default-mode MoE at T tokens (16-row tiles), mxfp4: each candidate (BN, BK, warps, stages)
     for one GEMM with the other at the generic tile (MOE_TILES empty), then the best pair and
-    qgemm's chosen MOE_TILES; printed as they finish."""
+    qgemm's chosen MOE_TILES; printed as they finish. `candidates` in place of MOE_CANDIDATES: the
+    other GEMM then keeps its chosen tile, and the baseline is the chosen pair."""
     chosen = dict(qgemm.MOE_TILES)
+    keep = chosen if candidates else {}
     ws = mxfp4_moe_weights()
     x, ids, wts = moe_inputs(t)
     ref = gemm.moe_experts(x, ids, wts, *ws[0], 10.0).float()
@@ -240,20 +242,21 @@ def sweep_moe(bw, t=64):
         finally:
             qgemm.MOE_TILES = dict(chosen)
 
-    base, _ = timed({})
-    out, best = [f"sweep-moe T{t} default tiles: {base * 1e6:7.1f} us ({bw:.0f} B/s copy rate)"], {}
+    base, _ = timed(keep)
+    out, best = [f"sweep-moe T{t} {'chosen' if keep else 'default'} tiles: {base * 1e6:7.1f} us "
+                 f"({bw:.0f} B/s copy rate)"], {}
     print(out[0], flush=True)
     for which in ("gemm1", "gemm2"):
         best[which] = (base, None)
-        for c in MOE_CANDIDATES:
-            tm, err = timed({which: c})
+        for c in candidates or MOE_CANDIDATES:
+            tm, err = timed({**keep, which: c})
             line = f"sweep-moe T{t} {which} BN{c[0]} BK{c[1]} w{c[2]} s{c[3]}: " + (
                 f"{err}" if tm is None else f"{tm * 1e6:7.1f} us, rel err vs default {err:.1e}")
             out.append(line)
             print(line, flush=True)
             if tm is not None and tm < best[which][0]:
                 best[which] = (tm, c)
-    pick = {w: c for w, (_, c) in best.items() if c is not None}
+    pick = {**keep, **{w: c for w, (_, c) in best.items() if c is not None}}
     both, _ = timed(pick)
     out.append(f"sweep-moe T{t} best {pick}: {both * 1e6:7.1f} us against {base * 1e6:7.1f} us")
     print(out[-1], flush=True)
@@ -336,6 +339,8 @@ if __name__ == "__main__":
     ap.add_argument("--sweep", action="store_true", help="also print a sweep of qgemm's default-mode tiles")
     ap.add_argument("--sweep-moe", action="store_true", help="only the MoE tile sweep (qgemm.MOE_TILES candidates)")
     ap.add_argument("--moe-ab", action="store_true", help="only qgemm.MOE_TILES against the generic tile")
+    ap.add_argument("--moe-candidates", default="", help="with --sweep-moe: 'BN,BK,warps,stages;...' in place "
+                    "of the built-in list, each against qgemm.MOE_TILES' chosen pair")
     ap.add_argument("--asm-ab", action="store_true", help="only the mxfp4 decodes: inline PTX vs float32")
     ap.add_argument("--quick", action="store_true", help="two linear shapes, M in 1, 64, 256")
     ap.add_argument("--no-bi", action="store_true")
@@ -346,7 +351,8 @@ if __name__ == "__main__":
         asm_ab()
         raise SystemExit(0)
     if a.sweep_moe or a.moe_ab:
-        sweep_moe(bw) if a.sweep_moe else moe_tiles_ab()
+        cands = [tuple(int(v) for v in c.split(",")) for c in a.moe_candidates.split(";") if c]
+        sweep_moe(bw, candidates=cands or None) if a.sweep_moe else moe_tiles_ab()
         raise SystemExit(0)
     extra = sweep(bw) if a.sweep else []
     for line in extra:
