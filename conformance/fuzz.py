@@ -310,7 +310,7 @@ def _kv_rows(rng: Rng, n: int, d: int) -> torch.Tensor:
 
 def gen_kv_quantize(rng: Rng, fmt: str = "mxfp8", **_) -> Case:
     n, d = rng.size(), rng.choice([32, 64, 128, 512])
-    case = Case("kv_quantize", 0, {"x": _kv_rows(rng, n, d), "fmt": fmt}, (), n,
+    case = Case("kv_quantize", 0, {"x": _kv_rows(rng, n, d), "fmt": fmt}, ("x",), n,
                 params={"N": n, "D": d, "fmt": fmt})
     case.split = _rows({"x": 0})(case)
     return case

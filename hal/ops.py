@@ -263,7 +263,8 @@ def moe_route_hash(
 # ---------------------------------------------------------------------------------------- KV cache
 @_op("kv")
 def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Pack rows x float32 [N, D] into a KV storage format; returns uint8 [N, bytes_per_row(fmt, D)].
+    """Pack rows x [N, D] into a KV storage format; returns uint8 [N, bytes_per_row(fmt, D)]. x is
+    float32, or bfloat16 / float16: their values are exact in float32 and are quantized as such.
 
     "mxfp8":    D e4m3 bytes, then D/32 e8m0 scale bytes (V4.1 window KV; 528 B for D = 512).
     "fp4_e4m3": D/2 bytes of e2m1 pairs (even element in the low nibble), then D/16 e4m3 scales

@@ -382,7 +382,7 @@ class DeepseekV4Model:
 
     def _write(self, cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
         if fmt != "none":
-            rows = self.ops.kv_quantize(rows.float(), fmt)
+            rows = self.ops.kv_quantize(rows, fmt)
         self.ops.cache_write(cache, slots, rows.to(cache.dtype))
 
     def _comp_proj(self, c: Compressor, x: torch.Tensor, meta: _Meta, out: torch.Tensor) -> None:

@@ -304,12 +304,12 @@ class DeepseekV41Model:
         if rows.shape[0] == 0 or rows.shape[-1] % kv_spec(fmt)[1]:
             return rows
         ops = self.ops
-        return ops.kv_dequantize(ops.kv_quantize(rows.float(), fmt), fmt, rows.shape[-1]).to(rows.dtype)
+        return ops.kv_dequantize(ops.kv_quantize(rows, fmt), fmt, rows.shape[-1]).to(rows.dtype)
 
     def _store(self, cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
         """rows are already fake-quantized: packing them again is exact."""
         if fmt != "none":
-            rows = self.ops.kv_quantize(rows.float(), fmt)
+            rows = self.ops.kv_quantize(rows, fmt)
         self.ops.cache_write(cache, slots, rows.to(cache.dtype))
 
     def _attention(self, p: Attention, layer: int, x: torch.Tensor, meta: _Meta, shared: _Shared) -> torch.Tensor:

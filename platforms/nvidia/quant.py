@@ -313,7 +313,7 @@ def _quantize_kernel(x_ptr, out_ptr, N, D: tl.constexpr, G: tl.constexpr, FMT: t
     r = pid * ROWS + tl.arange(0, ROWS)
     rok = r < N
     c = tl.arange(0, D)
-    x = tl.load(x_ptr + r[:, None].to(tl.int64) * D + c[None, :], mask=rok[:, None], other=0.0)
+    x = tl.load(x_ptr + r[:, None].to(tl.int64) * D + c[None, :], mask=rok[:, None], other=0.0).to(tl.float32)
     xg = tl.reshape(x, (ROWS, D // G, G))
     amax = tl.max(tl.abs(xg), axis=2)  # [ROWS, D/G]
     out = out_ptr + r.to(tl.int64) * ROW_BYTES
@@ -366,7 +366,9 @@ def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
     out = torch.empty(n, rb, dtype=torch.uint8, device=x.device)
     if n:
         rows = max(1, min(16, 4096 // d))
-        _quantize_kernel[(triton.cdiv(n, rows),)](x.float().contiguous(), out, n, D=d, G=group,
+        # 16-bit rows are read as they are and widened in registers (exact): no float32 copy
+        src = x.contiguous() if x.dtype in (torch.bfloat16, torch.float16) else x.float().contiguous()
+        _quantize_kernel[(triton.cdiv(n, rows),)](src, out, n, D=d, G=group,
                                                   FMT=FORMAT_ID[fmt], ROW_BYTES=rb, ROWS=rows)
     return out
 

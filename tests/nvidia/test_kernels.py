@@ -38,6 +38,9 @@ def test_kv_quantize_bitwise(device, fmt, d):
     assert torch.equal(got, want), f"{fmt}: {(got != want).sum()} bytes differ"
     back = quant.kv_dequantize(want.to(device), fmt, d).cpu()
     assert torch.equal(back.view(torch.int32), REF["kv_dequantize"](want, fmt, d).view(torch.int32))
+    for dt in (torch.bfloat16, torch.float16):  # 16-bit rows: read as they are, packed as float32 values
+        xs = (x * 1e-2 if dt == torch.float16 else x).to(dt)
+        assert torch.equal(quant.kv_quantize(xs.to(device), fmt).cpu(), REF["kv_quantize"](xs.float(), fmt))
 
 
 # ------------------------------------------------------------------------------ KV compression

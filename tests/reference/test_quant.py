@@ -263,3 +263,17 @@ def test_fp4_e4m3_scale_saturates():
     p = Q.kv_quantize(x, "fp4_e4m3")
     assert p[0, 8] == 0x7E and p[0, 0] == (0x8 | 4) << 4 | 7  # 10000/448 -> 6; -1000/448 = -2.23 -> -2
     assert Q.kv_dequantize(p, "fp4_e4m3", 16)[0, :2].tolist() == [2688.0, -896.0]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "fp4_e4m3", "mxfp4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kv_quantize_takes_16_bit_rows_as_float32(fmt, dtype):
+    """The op packs 16-bit rows as their (exact) float32 values: the same bytes as the widened rows,
+    the floors included (rows far below them, where 16-bit arithmetic would round the floor)."""
+    from shuili.platforms.reference.ops import OPS
+
+    x = (torch.randn(6, 64, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+    x[1] *= 1e-3
+    x[2] *= 1e-6 if dtype == torch.bfloat16 else 1e-4
+    x[3] = 0
+    assert torch.equal(OPS["kv_quantize"](x, fmt), OPS["kv_quantize"](x.float(), fmt))
