@@ -339,8 +339,8 @@ if __name__ == "__main__":
     ap.add_argument("--sweep", action="store_true", help="also print a sweep of qgemm's default-mode tiles")
     ap.add_argument("--sweep-moe", action="store_true", help="only the MoE tile sweep (qgemm.MOE_TILES candidates)")
     ap.add_argument("--moe-ab", action="store_true", help="only qgemm.MOE_TILES against the generic tile")
-    ap.add_argument("--moe-candidates", default="", help="with --sweep-moe: 'BN,BK,warps,stages;...' in place "
-                    "of the built-in list, each against qgemm.MOE_TILES' chosen pair")
+    ap.add_argument("--moe-candidates", default="", help="with --sweep-moe: 'BN,BK,warps,stages;...' in "
+                    "place of the built-in list, each against qgemm.MOE_TILES' chosen pair")
     ap.add_argument("--asm-ab", action="store_true", help="only the mxfp4 decodes: inline PTX vs float32")
     ap.add_argument("--quick", action="store_true", help="two linear shapes, M in 1, 64, 256")
     ap.add_argument("--no-bi", action="store_true")

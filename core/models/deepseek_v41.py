@@ -281,7 +281,8 @@ class DeepseekV41Model:
 
     def _hc(self, hc: HC, x: torch.Tensor):
         cfg = self.cfg
-        return self.ops.hc_mix(x, hc.fn, hc.scale, hc.base, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
+        return self.ops.hc_mix(x, hc.fn, hc.scale, hc.base, cfg.hc_sinkhorn_iters, cfg.hc_eps,
+                               cfg.rms_norm_eps)
 
     def _moe(self, p: Moe, x: torch.Tensor) -> torch.Tensor:
         ops, cfg = self.ops, self.cfg
