@@ -351,6 +351,10 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
         bn, bk, warps, stages = tile
         if w.format == "fp8_block128" and 128 % bk:
             raise ValueError(f"qgemm tile {tile}: fp8_block128 needs a BK dividing 128 (one scale per K step)")
+        if w.format == "mxfp4" and bk < 64 and (x.dtype != torch.float32 or hilo):
+            # one scale group a step: on an H100 (2026-12-06, nvidia_qgemm.py --sweep-moe) both MoE GEMMs
+            # gave wrong values (rel err 1.0-1.5) with bf16 operands; the interpreter's are right
+            raise ValueError(f"qgemm tile {tile}: mxfp4 with bf16 operands needs BK >= 64")
     if x.dtype == torch.float32 and not hilo:
         bk = F32_BK
     if grouped:

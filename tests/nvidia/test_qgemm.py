@@ -266,7 +266,7 @@ def test_qmoe_bf16_hi_lo_planes(device, fmt, bi):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("tile", [(32, 64, 2, 4), (128, 256, 8, 3)])
+@pytest.mark.parametrize("tile", [(32, 64, 2, 4), (128, 256, 8, 3), (32, 32, 4, 8)])
 def test_qmoe_tile_overrides(device, fmt, tile, monkeypatch):
     """qgemm.MOE_TILES (the knobs benchmarks/nvidia_qgemm.py --sweep-moe tunes) replace BN, BK, warps
     and stages of both default-mode MoE GEMMs: within tolerance with each, and passed to the launch."""
@@ -283,6 +283,10 @@ def test_qmoe_tile_overrides(device, fmt, tile, monkeypatch):
     monkeypatch.setattr(qgemm, "MOE_TILES", {"gemm1": tile, "gemm2": tile})
     if fmt == "fp8_block128" and 128 % tile[1]:  # a K step would span two weight scales
         with pytest.raises(ValueError, match="BK dividing 128"):
+            gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=False)
+        return
+    if fmt == "mxfp4" and tile[1] < 64:  # wrong values on the GPU (qgemm._launch says where seen)
+        with pytest.raises(ValueError, match="mxfp4 with bf16 operands needs BK >= 64"):
             gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=False)
         return
     got = gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=False)
