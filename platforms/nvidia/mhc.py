@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from shuili.hal.types import Weight
-from shuili.platforms.nvidia import skinny
+from shuili.platforms.nvidia import gemm, norm_rope, skinny
 from shuili.platforms.nvidia.common import cdiv, pow2
 from shuili.platforms.reference.public import check_hc_args, check_hc_mix_args, composed_hc_mix
 
@@ -104,10 +104,8 @@ def hc_split_sinkhorn(mix, scale, base, hc_mult, iters, eps):
 def hc_mix(x: torch.Tensor, fn: Weight, scale, base, iters, eps, norm_eps):
     check_hc_mix_args(x, fn)
     t, m, d = x.shape
-    if m * (m + 2) > skinny.MAX_N:  # one program holds every mixing column: else the three ops, with
-        # the fixed-tile linear, so the op is batch-invariant in both modes (DeepSeek's m = 4 never comes here)
-        from shuili.platforms.nvidia import gemm, norm_rope
-
+    if m * (m + 2) > skinny.MAX_N:  # one program holds every mixing column: else the three ops, with the
+        # fixed-tile linear, so the op is batch-invariant in both modes (DeepSeek's m = 4 never comes here)
         lin = lambda a, w: gemm.linear(a, w, batch_invariant=True)  # noqa: E731
         return composed_hc_mix(norm_rope.rms_norm, lin, hc_split_sinkhorn)(x, fn, scale, base, iters, eps,
                                                                            norm_eps)
