@@ -11,6 +11,7 @@ over the 4.8 TB/s datasheet rate. Each shape is checked against a float32 torch 
     python benchmarks/nvidia_qgemm.py [--json out.json] [--sweep] [--quick]
     python benchmarks/nvidia_qgemm.py --sweep-moe | --moe-ab    (MoE tile knobs, qgemm.MOE_TILES)
     python benchmarks/nvidia_qgemm.py --asm-ab                  (mxfp4 decode: inline PTX vs float32)
+    ncu ... python benchmarks/nvidia_qgemm.py --moe-once 64     (one MoE shape, three calls, for a profiler)
 """
 from __future__ import annotations
 
@@ -339,6 +340,9 @@ if __name__ == "__main__":
     ap.add_argument("--sweep", action="store_true", help="also print a sweep of qgemm's default-mode tiles")
     ap.add_argument("--sweep-moe", action="store_true", help="only the MoE tile sweep (qgemm.MOE_TILES candidates)")
     ap.add_argument("--moe-ab", action="store_true", help="only qgemm.MOE_TILES against the generic tile")
+    ap.add_argument("--moe-once", type=int, default=0, metavar="T", help="only three plain calls of the MoE at "
+                    "T tokens (mxfp4, default mode), for a profiler: ncu --launch-skip 2 --launch-count 2 takes "
+                    "the second call's two GEMMs")
     ap.add_argument("--moe-candidates", default="", help="with --sweep-moe: 'BN,BK,warps,stages;...' in "
                     "place of the built-in list, each against qgemm.MOE_TILES' chosen pair")
     ap.add_argument("--asm-ab", action="store_true", help="only the mxfp4 decodes: inline PTX vs float32")
@@ -346,6 +350,13 @@ if __name__ == "__main__":
     ap.add_argument("--no-bi", action="store_true")
     a = ap.parse_args()
     torch.manual_seed(0)
+    if a.moe_once:
+        ws = mxfp4_moe_weights()
+        x, ids, wts = moe_inputs(a.moe_once)
+        for _ in range(3):
+            gemm.moe_experts(x, ids, wts, ws[0][0], ws[0][1], 10.0)
+        torch.cuda.synchronize()
+        raise SystemExit(0)
     bw = copy_rate()
     if a.asm_ab:
         asm_ab()
