@@ -325,6 +325,23 @@ def gen_kv_dequantize(rng: Rng, fmt: str = "mxfp8", reference=None, **_) -> Case
     return case
 
 
+def gen_paged_slots(rng: Rng, **_) -> Case:
+    b, nb, per_block = rng.int(1, 6), rng.int(1, 9), rng.choice([1, 4, 16, 128])
+    tables = rng.ints(-1, 64, (b, nb)).to(torch.int32)  # -1: a freed block
+    t = rng.size()
+    span = nb * per_block
+    if rng.coin():  # a window per token: seq [T, 1] against positions [T, W]
+        w = rng.choice([1, 8, 33])
+        seq, pos = rng.ints(0, b, (t, 1)), rng.ints(-span // 2 - 2, span + 3, (t, w))
+    else:
+        seq, pos = rng.ints(0, b, (t,)), rng.ints(-3, span + 3, (t,))
+    kw = {"block_tables": tables, "seq_idx": seq, "pos": pos, "per_block": per_block}
+    case = Case("paged_slots", 0, kw, (), t, params={"T": t, "B": b, "blocks": nb, "per_block": per_block,
+                                                     "shape": list(pos.shape)})
+    case.split = _rows({"seq_idx": 0, "pos": 0})(case)
+    return case
+
+
 def gen_compress_pool(rng: Rng, **_) -> Case:
     n, dim, overlap = rng.size(), rng.choice([8, 64, 128]), rng.coin()
     ratio = rng.choice([1, 2, 4, 8] if overlap else [1, 4, 16, 128])

@@ -290,6 +290,18 @@ def cache_write(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
     """
 
 
+@_op("kv", since="1.8")
+def paged_slots(
+    block_tables: torch.Tensor, seq_idx: torch.Tensor, pos: torch.Tensor, per_block: int
+) -> torch.Tensor:
+    """Cache slots of paged entries. block_tables int32 [B, max_blocks] (-1: no block); seq_idx and
+    pos int64, broadcast against each other to one shape S; per_block > 0 entries per block.
+    Returns int64 [S]: block_tables[seq, pos // per_block] * per_block + pos % per_block, or -1
+    where pos < 0, pos // per_block >= max_blocks or that block is -1. seq_idx outside [0, B) is an
+    error. Elementwise: each output depends only on its own (seq, pos) and the table.
+    """
+
+
 @_op("kv", since="1.6")
 def compress_pool(
     state: torch.Tensor,

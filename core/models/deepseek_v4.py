@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch, bind_group_caches
-from shuili.core.models.deepseek_v4_cache import cache_groups, entry_slots, token_slots
+from shuili.core.models.deepseek_v4_cache import cache_groups, entry_slots
 from shuili.core.models.deepseek_v4_config import V4Config, named
 from shuili.core.models.driver import CacheDriver
 from shuili.core.models.tokenizer import ByteTokenizer, deepseek_chat
@@ -162,14 +162,13 @@ class _Meta:
             self.tok_seq = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)
         W = cfg.sliding_window
         win_pos = self.pos[:, None] - (W - 1) + torch.arange(W, device=dev)[None]
-        self.win_idx = token_slots(b.block_tables["swa_kv"], self.tok_seq[:, None].expand_as(win_pos), win_pos,
-                                   P).int()
+        self.win_idx = m.ops.paged_slots(b.block_tables["swa_kv"], self.tok_seq[:, None], win_pos, P).int()
         self.new: dict[str, _NewEntries] = {}
         self.pos_mod: dict[int, torch.Tensor] = {}  # ratio -> pos % ratio, the compressors' ape rows
         for kind, ratio in (("csa", cfg.csa_ratio), ("hca", cfg.hca_ratio)):
             if cfg.layers_of(kind):
                 seq, ent, done = self._completed(b, ratio)
-                self.new[kind] = _new_entries(b, kind, ratio, seq, ent, done)
+                self.new[kind] = _new_entries(m.ops, b, kind, ratio, seq, ent, done)
                 self.pos_mod[ratio] = self.pos % ratio
         # the o-projection's group sizes: every group holds all T rows
         self.o_sizes = torch.full((cfg.o_groups,), len(self.pos), dtype=torch.int64, device=dev)
@@ -182,7 +181,7 @@ class _Meta:
             else:
                 n = max([s // r for s in self.sl] + [0])
             e = torch.arange(n, device=dev)[None].expand(len(self.pos), n)
-            idx = token_slots(b.block_tables["hca_kv"], self.tok_seq[:, None].expand_as(e), e, P // r)
+            idx = m.ops.paged_slots(b.block_tables["hca_kv"], self.tok_seq[:, None], e, P // r)
             self.hca_idx = torch.where(e < vis[:, None], idx, torch.full_like(idx, -1)).int()
 
     def _completed(self, b: ForwardBatch, ratio: int):
@@ -201,14 +200,13 @@ class _Meta:
         return seq, torch.tensor(ents, dtype=torch.int64, device=dev), None
 
 
-def _new_entries(b: ForwardBatch, kind: str, ratio: int, seq: torch.Tensor, ent: torch.Tensor,
+def _new_entries(ops, b: ForwardBatch, kind: str, ratio: int, seq: torch.Tensor, ent: torch.Tensor,
                  done: torch.Tensor | None) -> _NewEntries:
     first = -ratio if kind == "csa" else 0  # CSA pools the previous block's Ca half too
     span = ratio - first
     src = ent[:, None] * ratio + first + torch.arange(span, device=ent.device)[None]
-    src_slots = token_slots(b.block_tables[f"{kind}_state"], seq[:, None].expand_as(src), src,
-                            b.tokens_per_block)
-    out = token_slots(b.block_tables[f"{kind}_kv"], seq, ent, b.tokens_per_block // ratio)
+    src_slots = ops.paged_slots(b.block_tables[f"{kind}_state"], seq[:, None], src, b.tokens_per_block)
+    out = ops.paged_slots(b.block_tables[f"{kind}_kv"], seq, ent, b.tokens_per_block // ratio)
     if done is not None:
         out = torch.where(done, out, torch.full_like(out, -1))
     return _NewEntries(src_slots, out, ent * ratio)

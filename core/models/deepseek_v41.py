@@ -26,7 +26,7 @@ from shuili.core.models.deepseek_v41_cache import cache_groups, idx_group, kv_gr
 from shuili.core.models.deepseek_v41_config import V41Config, named
 from shuili.core.models.deepseek_v41_static import StaticMeta
 from shuili.core.models.deepseek_v4 import rope_tables
-from shuili.core.models.deepseek_v4_cache import entry_slots, token_slots
+from shuili.core.models.deepseek_v4_cache import entry_slots
 from shuili.core.models.driver import CacheDriver
 from shuili.core.models.tokenizer import ByteTokenizer, deepseek_chat
 from shuili.hal import DispatchTable, numerics
@@ -132,13 +132,12 @@ class _Meta:
         self.tok_seq = torch.repeat_interleave(torch.arange(len(counts)), counts).to(dev)
         W = cfg.sliding_window
         win_pos = self.pos[:, None] - (W - 1) + torch.arange(W, device=dev)[None]
-        self.win_idx = token_slots(b.block_tables["swa_kv"], self.tok_seq[:, None].expand_as(win_pos), win_pos,
-                                   P).int()
+        self.win_idx = m.ops.paged_slots(b.block_tables["swa_kv"], self.tok_seq[:, None], win_pos, P).int()
         self.new: dict[int, _NewEntries] = {}
         for src in cfg.kv_source_layer_ids:
             r = cfg.ratio(src)
             if r == 1:  # every new token is an entry
-                out = token_slots(b.block_tables[kv_group(src)], self.tok_seq, self.pos, P)
+                out = m.ops.paged_slots(b.block_tables[kv_group(src)], self.tok_seq, self.pos, P)
                 self.new[src] = _NewEntries(torch.arange(len(self.pos), device=dev), out, self.pos)
                 continue
             seqs, ents = [], []
@@ -149,8 +148,8 @@ class _Meta:
             seq = torch.tensor(seqs, dtype=torch.int64, device=dev)
             ent = torch.tensor(ents, dtype=torch.int64, device=dev)
             toks = ent[:, None] * r + torch.arange(r, device=dev)[None]
-            src_slots = token_slots(b.block_tables[state_group(src)], seq[:, None].expand_as(toks), toks, P)
-            out = token_slots(b.block_tables[kv_group(src)], seq, ent, P // r)
+            src_slots = m.ops.paged_slots(b.block_tables[state_group(src)], seq[:, None], toks, P)
+            out = m.ops.paged_slots(b.block_tables[kv_group(src)], seq, ent, P // r)
             self.new[src] = _NewEntries(src_slots, out, ent * r)
 
 

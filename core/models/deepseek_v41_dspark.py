@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import torch
 
-from shuili.core.models.deepseek_v4_cache import token_slots
 from shuili.hal.types import Weight
 
 
@@ -101,7 +100,7 @@ class DSpark:
         pos = (t[:, None] + ar[None]).reshape(-1).clamp(max=m.max_model_len - 1)
         seq = torch.arange(C, device=dev)
         ctx_pos = t[:, None] - W + torch.arange(W, device=dev)[None]  # [C, W]
-        ctx = token_slots(tables, seq[:, None].expand_as(ctx_pos), ctx_pos, P)
+        ctx = ops.paged_slots(tables, seq[:, None], ctx_pos, P)
         ctx_idx = ctx.repeat_interleave(b, 0).int()  # [C*b, W]
         blk_idx = (seq[:, None] * b + ar[None]).repeat_interleave(b, 0).int()  # [C*b, b]
         x = ops.embedding(ids.reshape(-1), m.embed)

@@ -24,7 +24,6 @@ import torch
 
 from shuili.core.model_api import ForwardBatch
 from shuili.core.models.deepseek_v41_cache import kv_group, state_group
-from shuili.core.models.deepseek_v4_cache import token_slots
 
 
 @dataclass
@@ -57,21 +56,21 @@ class StaticMeta:
         self.index_pos = torch.where(live, self.pos, torch.full_like(self.pos, -1))
         W = cfg.sliding_window
         win_pos = self.pos[:, None] - (W - 1) + torch.arange(W, device=dev)[None]
-        self.win_idx = token_slots(b.block_tables["swa_kv"], self.tok_seq[:, None].expand_as(win_pos), win_pos,
-                                   P).int()
+        self.slots = m.ops.paged_slots
+        self.win_idx = self.slots(b.block_tables["swa_kv"], self.tok_seq[:, None], win_pos, P).int()
         self.new = {src: self._entries(b, src, cfg.ratio(src)) for src in cfg.kv_source_layer_ids}
 
     def _entries(self, b: ForwardBatch, src: int, r: int) -> StaticEntries:
         P, pos, seq = self.P, self.pos, self.tok_seq
         if r == 1:  # every token is an entry (padding rows: block -1, slot -1)
-            out = token_slots(b.block_tables[kv_group(src)], seq, pos, P)
+            out = self.slots(b.block_tables[kv_group(src)], seq, pos, P)
             return StaticEntries(seq, out, pos, out >= 0)
         nxt = pos + 1
         ent = torch.div(nxt, r, rounding_mode="floor") - 1
         done = (nxt % r == 0) & (ent >= 0)
         ent = ent.clamp(min=0)
         toks = ent[:, None] * r + torch.arange(r, device=pos.device)[None]
-        src_slots = token_slots(b.block_tables[state_group(src)], seq[:, None].expand_as(toks), toks, P)
-        out = token_slots(b.block_tables[kv_group(src)], seq, ent, P // r)
+        src_slots = self.slots(b.block_tables[state_group(src)], seq[:, None], toks, P)
+        out = self.slots(b.block_tables[kv_group(src)], seq, ent, P // r)
         out = torch.where(done, out, torch.full_like(out, -1))
         return StaticEntries(src_slots, out, ent * r, done & (out >= 0))

@@ -56,29 +56,12 @@ def cache_groups(cfg: V4Config, dtype: str, with_mtp: bool = False) -> list[Cach
     return groups
 
 
-def token_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, pos: torch.Tensor,
-                per_block: int) -> torch.Tensor:
-    """Slot of entry `pos` (a token position, or an entry index for compressed groups) of seq_idx.
-
-    block_tables [B, max_blocks]; seq_idx, pos int64 of one shape; per_block = entries per block.
-    Entries before 0, past the table, or in a freed (-1) block get slot -1.
-    """
-    # every decode step's graph runs this 7 times, 14 small kernels each: widening after the gather
-    # casts N entries, not the whole table
-    nb = block_tables.shape[1]
-    p = pos.clamp(min=0)
-    blk = torch.div(p, per_block, rounding_mode="floor")
-    phys = block_tables[seq_idx, blk.clamp(max=nb - 1)].long()
-    slot = phys * per_block + p % per_block
-    return torch.where((pos >= 0) & (blk < nb) & (phys >= 0), slot, -1)
-
-
 def entry_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, ids: torch.Tensor,
                 per_block: int) -> torch.Tensor:
     """int32 slots of the entry ids an indexer selected (int32, -1 for none; seq_idx broadcasts
-    against them). Its ids are -1 or entries the table holds, so the bounds token_slots checks
-    hold already: 8 small kernels, where token_slots and the -1 mask took 19 for every CSA layer
-    of a decode step."""
+    against them). Its ids are -1 or entries the table holds, so the bounds paged_slots checks
+    hold already: 8 small kernels, where torch's paged_slots and the -1 mask took 19 for every
+    CSA layer of a decode step."""
     i = ids.clamp(min=0)
     phys = block_tables[seq_idx, torch.div(i, per_block, rounding_mode="floor")]
     out = torch.where(ids >= 0, phys * per_block + i % per_block, -1)

@@ -73,7 +73,8 @@ class MtpDrafter(Drafter):
             toks.append(tok)
             confs.append(lp.gather(1, tok[:, None])[:, 0].float().exp())
             if j + 1 < K:
-                logits = m.forward_mtp(_chain_batch(batch, up["chunk_seq"], tok, pos + j - 1), x, keep_hidden=True)
+                logits = m.forward_mtp(_chain_batch(m.ops, batch, up["chunk_seq"], tok, pos + j - 1), x,
+                                       keep_hidden=True)
                 x = m.last_mtp_hidden
         return _budget(torch.stack(toks, 1), torch.stack(confs, 1), K, self.config.min_confidence)
 
@@ -109,17 +110,16 @@ def _host_layout(out, T: int, S: int) -> dict:
                 draft_rows=draft_rows, kmax=kmax)
 
 
-def _chain_batch(batch: ForwardBatch, seq: torch.Tensor, tok: torch.Tensor, q: torch.Tensor) -> ForwardBatch:
+def _chain_batch(ops, batch: ForwardBatch, seq: torch.Tensor, tok: torch.Tensor,
+                 q: torch.Tensor) -> ForwardBatch:
     """One row per sampling chunk at position q (input: the draft at q + 1), shapes fixed by C only
     (static_decode: the positions live on the device). Its KV lands at q, which the next step's
     catch-up rewrites before any query reads it; past the block table nothing is written."""
-    from shuili.core.models.deepseek_v4_cache import token_slots
-
     C, dev, P = tok.shape[0], tok.device, batch.tokens_per_block
     tables = {n: t[seq] for n, t in batch.block_tables.items()}
     ar = torch.arange(C, device=dev)
     none = torch.full((C,), -1, dtype=torch.int64, device=dev)
-    slots = {n: token_slots(tables[n], ar, q, P) if n == "swa_kv" else none for n in batch.slot_mapping}
+    slots = {n: ops.paged_slots(tables[n], ar, q, P) if n == "swa_kv" else none for n in batch.slot_mapping}
     return ForwardBatch(input_ids=tok, positions=q, query_start_loc=torch.arange(C + 1, dtype=torch.int32, device=dev),
                         seq_lens=(q + 1).int(), context_lens=q.int(), block_tables=tables, slot_mapping=slots,
                         logits_indices=ar, tokens_per_block=P, static_decode=True)

@@ -40,6 +40,7 @@ KERNELS = {
     "kv_dequantize": ("torch, exact, on device", "elementwise"),
     "cache_write": ("npu_scatter_pa_kv_cache cache_mode=Norm", "elementwise"),
     "compress_pool": ("torch on device (the reference's code: float64 exp, fixed-tree sums)", "elementwise"),
+    "paged_slots": ("torch on device (the reference's code: integer gather and arithmetic)", "elementwise"),
     "paged_attention": ("npu_fused_infer_attention_score(_v2) TND paged, sparse_mode 3/4", "split"),
     "sparse_attention": ("torch on device, masked softmax over the listed entries (no torch_npu "
                          "op for V4's compressed attention); host torch in batch-invariant mode", "split"),

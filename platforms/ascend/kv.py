@@ -92,5 +92,9 @@ def build(api, mode) -> dict:
     # the model ran inline before the op existed; the state cache never leaves the NPU)
     compress_pool = on_device("compress_pool")
 
+    # no torch_npu op looks up block tables for arbitrary entries: the reference's torch code on the
+    # device (integer ops, elementwise; what the models ran inline before HAL 1.8)
+    paged_slots = on_device("paged_slots")
+
     return {"cache_write": cache_write, "kv_quantize": kv_quantize, "kv_dequantize": kv_dequantize,
-            "compress_pool": compress_pool}
+            "compress_pool": compress_pool, "paged_slots": paged_slots}

@@ -32,6 +32,7 @@ PLAIN_OPS = {
     "kv_quantize": quant.kv_quantize,
     "kv_dequantize": quant.kv_dequantize,
     "cache_write": misc.cache_write,
+    "paged_slots": misc.paged_slots,
     "compress_pool": compress.compress_pool,
     "sparse_attention": attention.sparse_attention,
     "indexer_topk": indexer.indexer_topk,

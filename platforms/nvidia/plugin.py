@@ -57,6 +57,7 @@ _CAPS = {
                     "integer/bit arithmetic; 16-bit rows widened in registers"),
     "kv_dequantize": (_F32, _KV, L.portable_bitwise, L.portable_bitwise, "exact decode"),
     "cache_write": (_ACT, (), L.portable_bitwise, L.portable_bitwise, "byte copy"),
+    "paged_slots": (_F32, (), L.portable_bitwise, L.portable_bitwise, "integer arithmetic, one launch"),
     "compress_pool": (_F32, (), L.batch_invariant, L.batch_invariant,
                       "one program per (entry, channel block); an entry not completed reads nothing"),
     "paged_attention": (_ACT, (), L.run_to_run, L.batch_invariant,

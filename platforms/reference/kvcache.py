@@ -48,6 +48,30 @@ def _all_valid(slot_mapping: torch.Tensor, n: int) -> bool:
     return True
 
 
+def paged_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, pos: torch.Tensor,
+                per_block: int) -> torch.Tensor:
+    """Slots of entries pos of sequences seq_idx (broadcast together); -1 before 0, past the table or
+    in a -1 block. The block index is clamped before the gather, so every read is in bounds. The
+    sequence bounds are checked on the host only (a device tensor would need a sync)."""
+    if block_tables.dim() != 2 or per_block <= 0:
+        raise ValueError(f"paged_slots: block_tables must be [B, max_blocks] and per_block > 0, got "
+                         f"{tuple(block_tables.shape)} and {per_block}")
+    seq = seq_idx.long()
+    rows = block_tables.shape[0]
+    if seq.device.type == "cpu" and seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= rows):
+        raise ValueError(f"paged_slots: seq_idx must lie in [0, {rows}) (the block table's rows)")
+    nb = block_tables.shape[1]
+    pos = pos.long()
+    p = pos.clamp(min=0)
+    blk = torch.div(p, per_block, rounding_mode="floor")
+    if nb == 0:
+        return torch.full(torch.broadcast_shapes(seq.shape, pos.shape), -1, dtype=torch.int64,
+                          device=pos.device)
+    phys = block_tables[seq, blk.clamp(max=nb - 1)].long()  # widened after the gather: N values, not the table
+    slot = phys * per_block + p % per_block
+    return torch.where((pos >= 0) & (blk < nb) & (phys >= 0), slot, -1)
+
+
 def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """Pack float rows [N, D] into uint8 [N, bytes_per_row(fmt, D)]; see quant.py for each format."""
     return quant.kv_quantize(x, fmt)

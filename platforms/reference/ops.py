@@ -29,6 +29,7 @@ OPS: dict[str, object] = {
     "kv_dequantize": kvcache.kv_dequantize,
     "cache_write": kvcache.cache_write,
     "compress_pool": kvcache.compress_pool,
+    "paged_slots": kvcache.paged_slots,
     "paged_attention": attention.paged_attention,
     "sparse_attention": attention.sparse_attention,
     "indexer_topk": indexer.indexer_topk,

@@ -87,6 +87,13 @@ def test_hc_mix_composes_this_tables_ops(npu, ref, paths, gen):
     assert paths["rms_norm:npu_rms_norm"] == 1 and paths["hc_split_sinkhorn:host"] == 1
 
 
+def test_paged_slots_runs_the_reference_on_the_device(npu, ref, paths, gen):
+    bt = torch.randint(-1, 40, (4, 5), generator=gen, dtype=torch.int32)
+    seq, pos = torch.randint(0, 4, (6, 1), generator=gen), torch.randint(-5, 25, (6, 9), generator=gen)
+    assert torch.equal(npu["paged_slots"](bt, seq, pos, 4), ref["paged_slots"](bt, seq, pos, 4))
+    assert paths["paged_slots:torch"] == 1
+
+
 def test_mhc_streams_run_the_reference_on_the_device(npu, ref, paths, gen):
     x, f = torch.randn(5, 4, 16, generator=gen).to(torch.bfloat16), torch.randn(5, 16, generator=gen)
     pre, post, comb = torch.rand(5, 4, generator=gen), torch.rand(5, 4, generator=gen), torch.rand(5, 4, 4, generator=gen)

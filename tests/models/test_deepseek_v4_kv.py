@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from shuili.core.models import deepseek_v4 as V
-from shuili.core.models.deepseek_v4_cache import cache_groups, token_slots
+from shuili.core.models.deepseek_v4_cache import cache_groups
 from shuili.core.models.deepseek_v4_config import named
 from shuili.core.models.deepseek_v4_loader import random_params
 from shuili.hal.config import PlatformConfig
@@ -88,13 +88,3 @@ def test_quantized_caches_stay_close_and_invariant(ops):
                                                                              (59, 60), (60, 61))]
     assert torch.equal(torch.cat(parts), one)
 
-
-def test_token_slots_edges():
-    """Slots of entries before 0, past the table and in freed (-1) blocks are -1; the rest are
-    block * per_block + offset, from int32 tables."""
-    bt = torch.tensor([[3, -1, 7], [0, 2, -1]], dtype=torch.int32)
-    seq = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1, 1])
-    pos = torch.tensor([-1, 0, 5, 4, 9, 13, 4, 8, 12])
-    got = token_slots(bt, seq, pos, 4)
-    assert got.dtype == torch.int64
-    assert got.tolist() == [-1, 12, -1, -1, 29, -1, 8, -1, -1]

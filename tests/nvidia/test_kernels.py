@@ -43,6 +43,30 @@ def test_kv_quantize_bitwise(device, fmt, d):
         assert torch.equal(quant.kv_quantize(xs.to(device), fmt).cpu(), REF["kv_quantize"](xs.float(), fmt))
 
 
+# ------------------------------------------------------------------------------ block-table lookups
+@pytest.mark.parametrize("shape", ["flat", "window", "empty"])
+def test_paged_slots(device, shape):
+    """One kernel, the reference's slots bit for bit: entries before 0, past the table and in -1
+    blocks, a window broadcast ([T, 1] against [T, W]), a strided table, an empty batch."""
+    gen = g(7)
+    bt = torch.randint(-1, 90, (6, 9), generator=gen, dtype=torch.int32)
+    if shape == "flat":
+        seq, pos = torch.randint(0, 6, (200,), generator=gen), torch.randint(-20, 50, (200,), generator=gen)
+    elif shape == "window":
+        seq, pos = torch.randint(0, 6, (13, 1), generator=gen), torch.randint(-20, 50, (13, 128), generator=gen)
+    else:
+        seq, pos = torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    want = REF["paged_slots"](bt, seq, pos, 5)
+    wide = torch.stack([bt, bt], 2)[:, :, 0]  # the same table as a strided view
+    for table in (bt, wide):
+        got = misc.paged_slots(table.to(device), seq.to(device), pos.to(device), 5).cpu()
+        assert got.dtype == torch.int64 and got.shape == want.shape and torch.equal(got, want)
+    if shape == "flat":
+        assert (want == -1).any() and (want >= 0).any()
+        with pytest.raises(ValueError, match="seq_idx must lie in"):
+            misc.paged_slots(bt, torch.tensor([6]), torch.tensor([0]), 5)
+
+
 # ------------------------------------------------------------------------------ KV compression
 @pytest.mark.parametrize("overlap,span,dim", [(True, 8, 64), (False, 128, 32), (False, 2, 128), (True, 2, 16)])
 def test_compress_pool(device, overlap, span, dim):
