@@ -340,9 +340,9 @@ if __name__ == "__main__":
     ap.add_argument("--sweep", action="store_true", help="also print a sweep of qgemm's default-mode tiles")
     ap.add_argument("--sweep-moe", action="store_true", help="only the MoE tile sweep (qgemm.MOE_TILES candidates)")
     ap.add_argument("--moe-ab", action="store_true", help="only qgemm.MOE_TILES against the generic tile")
-    ap.add_argument("--moe-once", type=int, default=0, metavar="T", help="only three plain calls of the MoE at "
-                    "T tokens (mxfp4, default mode), for a profiler: ncu --launch-skip 2 --launch-count 2 takes "
-                    "the second call's two GEMMs")
+    ap.add_argument("--moe-once", type=int, default=0, metavar="T",
+                    help="only three plain calls of the MoE at T tokens (mxfp4, default mode), for a "
+                    "profiler: ncu --launch-skip 2 --launch-count 2 takes the second call's two GEMMs")
     ap.add_argument("--moe-candidates", default="", help="with --sweep-moe: 'BN,BK,warps,stages;...' in "
                     "place of the built-in list, each against qgemm.MOE_TILES' chosen pair")
     ap.add_argument("--asm-ab", action="store_true", help="only the mxfp4 decodes: inline PTX vs float32")

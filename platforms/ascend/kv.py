@@ -73,7 +73,8 @@ def build(api, mode) -> dict:
         return None
 
     def kv_quantize(x, fmt):
-        x = x.float()  # the contract quantizes 16-bit rows as their float32 values; the NPU op's bf16 path is unverified
+        # the contract packs 16-bit rows as their float32 values; the NPU op's bf16 path is unverified
+        x = x.float()
         if fmt == "mxfp8" and mode.is_950 and x.dim() == 2 and x.shape[1] % 32 == 0 and x.shape[1]:
             took("kv_quantize:npu_dynamic_mx_quant")
             # scale_alg 1: 2^ceil(log2(max(amax, low_bound) / 448)) from the fp32 bits, as the contract

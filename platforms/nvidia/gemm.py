@@ -273,7 +273,8 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
         raise ValueError(f"linear: x has {x.shape[-1]} features, weight expects {w.in_features}")
     if w.format in ("mxfp4", "fp8_block32") and w.in_features % 32:
         raise ValueError(f"{w.format} weights need K % 32 == 0, got K={w.in_features}")
-    if w.format == "dense" and skinny.supports(x, w.out_features) and w.data.dtype == torch.float32 and x.dim() == 2:
+    if (w.format == "dense" and w.data.dtype == torch.float32 and x.dim() == 2
+            and skinny.supports(x, w.out_features)):
         y = torch.empty(x.shape[0], w.out_features, dtype=x.dtype, device=x.device)
         if x.shape[0] == 0:
             return y

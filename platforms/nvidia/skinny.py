@@ -5,11 +5,11 @@ H200 profile of 2026-12-06 put the 37 pairs of a mid-v4 step at 380 us).
 
 Here K is cut into chunks whose size comes from K alone; program (row tile, chunk) computes its
 [BM, all N] float32 partial with an IEEE dot (FMA over the chunk's K in order) and stores it, and
-the partials are added in a fixed order by the kernel that needs the sum: qgemm's split-K sum for
-a linear (chunk order), the Sinkhorn kernel for hc_mix (mhc.py). SUMSQ also stores each row's partial sum of squares over
-the chunk (hc_mix's unweighted RMSNorm, folded in: the rows are never normalised in memory). The
-tile and the chunking never depend on M, so a row's bits never depend on the batch or on its
-place in it: batch-invariant in default mode too.
+the partials are added in a fixed order by the kernel that needs the sum: qgemm's split-K sum
+for a linear (chunk order), the Sinkhorn kernel for hc_mix (mhc.py). SUMSQ also stores each
+row's partial sum of squares over the chunk (hc_mix's unweighted RMSNorm, folded in: the rows
+are never normalised in memory). The tile and the chunking never depend on M, so a row's bits
+never depend on the batch or on its place in it: batch-invariant in default mode too.
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def paged_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, pos: torch.Te
     if nb == 0:
         return torch.full(torch.broadcast_shapes(seq.shape, pos.shape), -1, dtype=torch.int64,
                           device=pos.device)
-    phys = block_tables[seq, blk.clamp(max=nb - 1)].long()  # widened after the gather: N values, not the table
+    phys = block_tables[seq, blk.clamp(max=nb - 1)].long()  # widened after the gather: N values
     slot = phys * per_block + p % per_block
     return torch.where((pos >= 0) & (blk < nb) & (phys >= 0), slot, -1)
 

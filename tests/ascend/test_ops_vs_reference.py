@@ -82,7 +82,8 @@ def test_hc_mix_composes_this_tables_ops(npu, ref, paths, gen):
     x = torch.randn(5, m, d, generator=gen).to(torch.bfloat16)
     fn = Weight.dense(torch.randn(m * (m + 2), m * d, generator=gen) / 8)
     scale, base = torch.rand(3, generator=gen), torch.randn(m * (m + 2), generator=gen)
-    for a, b in zip(npu["hc_mix"](x, fn, scale, base, 5, 1e-6, 1e-6), ref["hc_mix"](x, fn, scale, base, 5, 1e-6, 1e-6)):
+    args = (x, fn, scale, base, 5, 1e-6, 1e-6)
+    for a, b in zip(npu["hc_mix"](*args), ref["hc_mix"](*args)):
         close(a, b, 1e-5)
     assert paths["rms_norm:npu_rms_norm"] == 1 and paths["hc_split_sinkhorn:host"] == 1
 

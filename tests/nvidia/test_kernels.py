@@ -53,7 +53,8 @@ def test_paged_slots(device, shape):
     if shape == "flat":
         seq, pos = torch.randint(0, 6, (200,), generator=gen), torch.randint(-20, 50, (200,), generator=gen)
     elif shape == "window":
-        seq, pos = torch.randint(0, 6, (13, 1), generator=gen), torch.randint(-20, 50, (13, 128), generator=gen)
+        seq = torch.randint(0, 6, (13, 1), generator=gen)
+        pos = torch.randint(-20, 50, (13, 128), generator=gen)
     else:
         seq, pos = torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
     want = REF["paged_slots"](bt, seq, pos, 5)
@@ -589,7 +590,8 @@ def test_skinny_float32_linear(device, bi, t, k, n, bias):
     got = gemm.linear(on(x), w.to(device), on(b), batch_invariant=bi).cpu()
     assert got.shape == (t, n) and rel(got, want) < 1e-5  # float32 over up to 8192 terms
     for i in (0, t - 1):
-        assert torch.equal(gemm.linear(on(x[i:i + 1]), w.to(device), on(b), batch_invariant=bi).cpu(), got[i:i + 1])
+        one = gemm.linear(on(x[i:i + 1]), w.to(device), on(b), batch_invariant=bi).cpu()
+        assert torch.equal(one, got[i:i + 1])
     assert gemm.linear(on(x[:0]), w.to(device), on(b), batch_invariant=bi).shape == (0, n)
 
 
@@ -618,7 +620,8 @@ def test_hc_mix(device, dtype, m, d):
     for i in (0, 7, t - 1):
         one = mhc.hc_mix(*on(x[i:i + 1], fn, scale, base), 20, 1e-6, 1e-6)
         assert all(torch.equal(a[i:i + 1], b.cpu()) for a, b in zip(got, one))
-    assert [v.shape for v in mhc.hc_mix(*on(x[:0], fn, scale, base), 20, 1e-6, 1e-6)] == [(0, m), (0, m), (0, m, m)]
+    empty = mhc.hc_mix(*on(x[:0], fn, scale, base), 20, 1e-6, 1e-6)
+    assert [v.shape for v in empty] == [(0, m), (0, m), (0, m, m)]
 
 
 def test_hc_mix_norm_is_folded_in(device):

@@ -27,8 +27,10 @@ def test_broadcast_is_the_expanded_call():
     win = torch.randint(-8, 30, (3, 7), generator=g)
     got = slots(bt, seq[:, None], win, 4)
     assert got.shape == (3, 7) and torch.equal(got, slots(bt, seq[:, None].expand_as(win), win, 4))
-    want = [[(int(bt[s, p // 4]) * 4 + p % 4 if 0 <= p < 24 and bt[s, p // 4] >= 0 else -1) for p in row.tolist()]
-            for s, row in zip(seq.tolist(), win)]
+    def one(s, p):
+        return int(bt[s, p // 4]) * 4 + p % 4 if 0 <= p < 24 and bt[s, p // 4] >= 0 else -1
+
+    want = [[one(s, p) for p in row.tolist()] for s, row in zip(seq.tolist(), win)]
     assert got.tolist() == want
 
 
@@ -38,4 +40,5 @@ def test_errors_name_the_problem():
         slots(bt, torch.tensor([2]), torch.tensor([0]), 4)
     with pytest.raises(ValueError, match="per_block > 0"):
         slots(bt, torch.tensor([0]), torch.tensor([0]), 0)
-    assert slots(torch.zeros(2, 0, dtype=torch.int32), torch.tensor([0, 1]), torch.tensor([0, 5]), 4).tolist() == [-1, -1]
+    no_blocks = torch.zeros(2, 0, dtype=torch.int32)
+    assert slots(no_blocks, torch.tensor([0, 1]), torch.tensor([0, 5]), 4).tolist() == [-1, -1]
