@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting, pow2
-from shuili.platforms.reference.public import OPS as REFERENCE_OPS
+from shuili.platforms.reference.public import OPS as REFERENCE_OPS, check_slots_args
 
 
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -107,9 +107,7 @@ def _slots_kernel(bt_ptr, seq_ptr, pos_ptr, out_ptr, N, C, nb, s_bt, ss_r, ss_c,
 def paged_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, pos: torch.Tensor,
                 per_block: int) -> torch.Tensor:
     """One launch where torch took 14 small kernels (a decode step looks slots up six or seven times)."""
-    if block_tables.dim() != 2 or per_block <= 0:
-        raise ValueError(f"paged_slots: block_tables must be [B, max_blocks] and per_block > 0, got "
-                         f"{tuple(block_tables.shape)} and {per_block}")
+    check_slots_args(block_tables, per_block)
     seq, p = torch.broadcast_tensors(seq_idx, pos)  # views: stride 0 where broadcast
     if seq.dim() > 2 or seq.dim() == 0:
         return REFERENCE_OPS["paged_slots"](block_tables, seq_idx, pos, per_block)

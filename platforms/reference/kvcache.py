@@ -48,14 +48,19 @@ def _all_valid(slot_mapping: torch.Tensor, n: int) -> bool:
     return True
 
 
+def check_slots_args(block_tables: torch.Tensor, per_block: int) -> None:
+    """paged_slots' argument checks (shared, so every platform's errors read the same)."""
+    if block_tables.dim() != 2 or per_block <= 0:
+        raise ValueError(f"paged_slots: block_tables must be [B, max_blocks] and per_block > 0, got "
+                         f"{tuple(block_tables.shape)} and {per_block}")
+
+
 def paged_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, pos: torch.Tensor,
                 per_block: int) -> torch.Tensor:
     """Slots of entries pos of sequences seq_idx (broadcast together); -1 before 0, past the table or
     in a -1 block. The block index is clamped before the gather, so every read is in bounds. The
     sequence bounds are checked on the host only (a device tensor would need a sync)."""
-    if block_tables.dim() != 2 or per_block <= 0:
-        raise ValueError(f"paged_slots: block_tables must be [B, max_blocks] and per_block > 0, got "
-                         f"{tuple(block_tables.shape)} and {per_block}")
+    check_slots_args(block_tables, per_block)
     seq = seq_idx.long()
     rows = block_tables.shape[0]
     if seq.device.type == "cpu" and seq.numel() and (int(seq.min()) < 0 or int(seq.max()) >= rows):

@@ -12,6 +12,7 @@ between releases; a helper a backend needs is added here, not imported from its 
   check_hc_mix_args         hc_mix's argument checks, shared likewise
   composed_hc_mix           hc_mix built from a table's rms_norm, linear and hc_split_sinkhorn
   check_pool_args           compress_pool's shape checks, shared likewise
+  check_slots_args          paged_slots' argument checks, shared likewise
   check_counts              all_to_all's count checks (from shuili.hal.distributed, which also
                             holds the one all_to_all of every platform)
   dequantize_weight         any contract weight format -> float32 (exact)
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from shuili.hal.distributed import check_counts
 from shuili.hal.numerics import silu, tree_sum
-from shuili.platforms.reference.kvcache import check_pool_args
+from shuili.platforms.reference.kvcache import check_pool_args, check_slots_args
 from shuili.platforms.reference.mhc import check_hc_args, check_hc_mix_args, composed_hc_mix
 from shuili.platforms.reference.ops import OPS
 from shuili.platforms.reference.quant import (dequantize_weight, kv_dequantize, kv_quantize,
@@ -33,7 +34,7 @@ from shuili.platforms.reference.sampling import apply_penalties
 
 __all__ = ["OPS", "capabilities", "tree_sum", "silu", "apply_penalties", "check_rope_args", "check_hc_args",
            "check_hc_mix_args", "composed_hc_mix",
-           "check_pool_args", "check_counts",
+           "check_pool_args", "check_slots_args", "check_counts",
            "dequantize_weight", "quantize_weight_fp8_block128", "quantize_weight_fp8_block32", "quantize_weight_mxfp4",
            "kv_quantize", "kv_dequantize"]
 
