@@ -273,19 +273,18 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
         raise ValueError(f"linear: x has {x.shape[-1]} features, weight expects {w.in_features}")
     if w.format in ("mxfp4", "fp8_block32") and w.in_features % 32:
         raise ValueError(f"{w.format} weights need K % 32 == 0, got K={w.in_features}")
-    if (w.format == "dense" and w.data.dtype == torch.float32 and x.dim() == 2
-            and skinny.supports(x, w.out_features)):
-        y = torch.empty(x.shape[0], w.out_features, dtype=x.dtype, device=x.device)
-        if x.shape[0] == 0:
-            return y
-        return skinny.linear(x, w.data, bias.float().contiguous() if bias is not None else None, y)
-    if w.format == "dense" and not batch_invariant:
+    # float32 with few columns: skinny.py's split-K, in both modes
+    few = (w.format == "dense" and w.data.dtype == torch.float32 and x.dim() == 2
+           and skinny.supports(x, w.out_features))
+    if w.format == "dense" and not batch_invariant and not few:
         y = torch.matmul(x, w.data.to(x.dtype).t())
         return y + bias.to(y.dtype) if bias is not None else y
     x2 = x.contiguous()
     y = torch.empty(x2.shape[0], w.out_features, dtype=x.dtype, device=x.device)
     if x2.shape[0] == 0 or y.shape[1] == 0:
         return y
+    if few:
+        return skinny.linear(x2, w.data, bias.float().contiguous() if bias is not None else None, y)
     if w.format == "dense" and w.data.dtype != x.dtype:
         w = Weight.dense(w.data.to(x.dtype))
     if USE_QGEMM and qgemm.supports(w):
