@@ -78,19 +78,20 @@ def _sinkhorn_kernel(mix_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, 
     tl.store(comb_ptr + t * M * M + rr * M + c, cm, mask=ok)
 
 
-def _coefficients(mix, scale, base, m, iters, eps, parts=None, k=1, norm_eps=0.0):
-    """(pre, post, comb) from mix [T, m(m+2)], or from hc_mix's partials [S, T, m(m+2) + 1]."""
-    src = parts if parts is not None else mix
+def _coefficients(src, scale, base, m, iters, eps, k=1, norm_eps=0.0):
+    """(pre, post, comb) from mix [T, m(m+2)], or from hc_mix's partials [S, T, m(m+2) + 1] (3-D)
+    of a K-wide row."""
+    parts = src.dim() == 3
     t = src.shape[-2]
     dev = src.device
     pre = torch.empty(t, m, device=dev)
     post = torch.empty(t, m, device=dev)
     comb = torch.empty(t, m, m, device=dev)
     if t:
-        s_part, n_parts = (parts.stride(0), parts.shape[0]) if parts is not None else (0, 1)
+        s_part, n_parts = (src.stride(0), src.shape[0]) if parts else (0, 1)
         _sinkhorn_kernel[(t,)](src, scale.float().contiguous(), base.float().contiguous(), pre, post, comb,
                                int(iters), float(eps), src.stride(-2), s_part, n_parts, k, float(norm_eps),
-                               M=m, MP=pow2(m, 2), PARTS=parts is not None, SP=pow2(n_parts))
+                               M=m, MP=pow2(m, 2), PARTS=parts, SP=pow2(n_parts))
     return pre, post, comb
 
 
@@ -110,7 +111,7 @@ def hc_mix(x: torch.Tensor, fn: Weight, scale, base, iters, eps, norm_eps):
         return composed_hc_mix(norm_rope.rms_norm, lin, hc_split_sinkhorn)(x, fn, scale, base, iters, eps,
                                                                            norm_eps)
     parts = skinny.partials(x.reshape(t, m * d), fn.data, sumsq=True)
-    return _coefficients(None, scale, base, m, iters, eps, parts, m * d, norm_eps)
+    return _coefficients(parts, scale, base, m, iters, eps, m * d, norm_eps)
 
 
 @triton.jit
