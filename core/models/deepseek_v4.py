@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.model_api import CacheGroupSpec, ForwardBatch, bind_group_caches
-from shuili.core.models.deepseek_v4_cache import cache_groups, entry_slots
+from shuili.core.models.deepseek_v4_cache import cache_groups
 from shuili.core.models.deepseek_v4_config import V4Config, named
 from shuili.core.models.driver import CacheDriver
 from shuili.core.models.tokenizer import ByteTokenizer, deepseek_chat
@@ -413,7 +413,9 @@ class DeepseekV4Model:
         bt = meta.batch.block_tables["csa_idx"]
         ids = ops.indexer_topk(q, w, self.caches["csa_idx"][layer], bt, meta.qsl, meta.pos, cfg.csa_ratio,
                                cfg.index_topk, cfg.indexer_k_format)
-        return entry_slots(meta.batch.block_tables["csa_kv"], meta.tok_seq[:, None], ids, meta.P // cfg.csa_ratio)
+        # ids are -1 or entries the table holds: -1 stays -1, the rest become their slots
+        return ops.paged_slots(meta.batch.block_tables["csa_kv"], meta.tok_seq[:, None], ids,
+                               meta.P // cfg.csa_ratio).int()
 
     # ---------------------------------------------------------------- convenience
     def driver(self, max_seqs: int = 1, max_len: int | None = None, tokens_per_block: int | None = None,

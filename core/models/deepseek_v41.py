@@ -26,7 +26,6 @@ from shuili.core.models.deepseek_v41_cache import cache_groups, idx_group, kv_gr
 from shuili.core.models.deepseek_v41_config import V41Config, named
 from shuili.core.models.deepseek_v41_static import StaticMeta
 from shuili.core.models.deepseek_v4 import rope_tables
-from shuili.core.models.deepseek_v4_cache import entry_slots
 from shuili.core.models.driver import CacheDriver
 from shuili.core.models.tokenizer import ByteTokenizer, deepseek_chat
 from shuili.hal import DispatchTable, numerics
@@ -387,7 +386,8 @@ class DeepseekV41Model:
                                        pool, cfg.candidate_topk_blocks if is_cand else 0, cfg.candidate_block_size)
         if is_cand:
             shared.candidates = cand
-        shared.topk = entry_slots(meta.batch.block_tables[kv_group(src)], meta.tok_seq[:, None], ids, meta.P // ratio)
+        shared.topk = ops.paged_slots(meta.batch.block_tables[kv_group(src)], meta.tok_seq[:, None], ids,
+                                      meta.P // ratio).int()
 
     # ---------------------------------------------------------------- convenience
     def driver(self, max_seqs: int = 1, max_len: int | None = None, tokens_per_block: int | None = None,

@@ -1,4 +1,4 @@
-"""DeepSeek-V4 cache-group layout and slot arithmetic (the engine-free driver: core/models/driver.py).
+"""DeepSeek-V4 cache-group layout (slots: the paged_slots op; engine-free driver: core/models/driver.py).
 
 Groups (every logical block i covers tokens [i*P, (i+1)*P)):
   swa_kv     sliding, window = sliding_window   the raw K=V latent of every token, every layer (+ MTP)
@@ -11,8 +11,6 @@ The compressor partial state is just the last coff*ratio tokens' projections, so
 caching need nothing beyond the block manager.
 """
 from __future__ import annotations
-
-import torch
 
 from shuili.core.model_api import CacheGroupSpec
 from shuili.core.models.deepseek_v4_config import V4Config
@@ -54,15 +52,3 @@ def cache_groups(cfg: V4Config, dtype: str, with_mtp: bool = False) -> list[Cach
                                      entry_shape=(state_width(cfg, "hca"),), dtype="float32",
                                      window=cfg.hca_ratio))
     return groups
-
-
-def entry_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, ids: torch.Tensor,
-                per_block: int) -> torch.Tensor:
-    """int32 slots of the entry ids an indexer selected (int32, -1 for none; seq_idx broadcasts
-    against them). Its ids are -1 or entries the table holds, so the bounds paged_slots checks
-    hold already: 8 small kernels, where torch's paged_slots and the -1 mask took 19 for every
-    CSA layer of a decode step."""
-    i = ids.clamp(min=0)
-    phys = block_tables[seq_idx, torch.div(i, per_block, rounding_mode="floor")]
-    out = torch.where(ids >= 0, phys * per_block + i % per_block, -1)
-    return out if out.dtype == torch.int32 else out.int()
