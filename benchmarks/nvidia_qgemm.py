@@ -251,7 +251,8 @@ def sweep_moe(bw, t=64, candidates=None):
         best[which] = (base, None)
         for c in candidates or MOE_CANDIDATES:
             tm, err = timed({**keep, which: c})
-            line = f"sweep-moe T{t} {which} BN{c[0]} BK{c[1]} w{c[2]} s{c[3]}: " + (
+            regs = f" r{c[4]}" if len(c) > 4 else ""
+            line = f"sweep-moe T{t} {which} BN{c[0]} BK{c[1]} w{c[2]} s{c[3]}{regs}: " + (
                 f"{err}" if tm is None else f"{tm * 1e6:7.1f} us, rel err vs default {err:.1e}")
             out.append(line)
             print(line, flush=True)
@@ -334,6 +335,28 @@ def table(res) -> str:
     return "\n".join(out)
 
 
+def prep_sweep():
+    """moe_prep's one program (integers: any setting gives the same outputs) against its settings."""
+    from shuili.platforms.nvidia import moe_prep as mp
+    e, k = MOE[0], MOE[1]
+    base = (mp.TILE_VALUES, mp.PREP_WARPS)
+    for t in (1, 64, 256):
+        flat = torch.randint(0, e, (t * k,), device=DEV)
+        want = mp.moe_prep(flat, e, 16)
+        for values in (4096, 8192, 16384):
+            for warps in (4, 8):
+                mp.TILE_VALUES, mp.PREP_WARPS = values, warps
+                try:
+                    got = mp.moe_prep(flat, e, 16)
+                    same = all(torch.equal(a, b)
+                               for a, b in zip([*got[:2], *got[2][:3]], [*want[:2], *want[2][:3]]))
+                    us = graph_time([lambda: mp.moe_prep(flat, e, 16)]) * 1e6
+                    print(f"moe_prep T{t} rows {t * k} values {values} warps {warps}: {us:6.2f} us  "
+                          f"same {same}", flush=True)
+                finally:
+                    mp.TILE_VALUES, mp.PREP_WARPS = base
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -343,8 +366,10 @@ if __name__ == "__main__":
     ap.add_argument("--moe-once", type=int, default=0, metavar="T",
                     help="only three plain calls of the MoE at T tokens (mxfp4, default mode), for a "
                     "profiler: ncu --launch-skip 2 --launch-count 2 takes the second call's two GEMMs")
-    ap.add_argument("--moe-candidates", default="", help="with --sweep-moe: 'BN,BK,warps,stages;...' in "
-                    "place of the built-in list, each against qgemm.MOE_TILES' chosen pair")
+    ap.add_argument("--moe-candidates", default="", help="with --sweep-moe: 'BN,BK,warps,stages[,maxnreg];...' "
+                    "in place of the built-in list, each against qgemm.MOE_TILES' chosen pair")
+    ap.add_argument("--prep-sweep", action="store_true", help="only moe_prep at mid-v4's routing (T64, "
+                    "E32, top-6): moe_prep.TILE_VALUES x PREP_WARPS, CUDA-graph replay")
     ap.add_argument("--asm-ab", action="store_true", help="only the mxfp4 decodes: inline PTX vs float32")
     ap.add_argument("--quick", action="store_true", help="two linear shapes, M in 1, 64, 256")
     ap.add_argument("--no-bi", action="store_true")
@@ -356,6 +381,9 @@ if __name__ == "__main__":
         for _ in range(3):
             gemm.moe_experts(x, ids, wts, ws[0][0], ws[0][1], 10.0)
         torch.cuda.synchronize()
+        raise SystemExit(0)
+    if a.prep_sweep:
+        prep_sweep()
         raise SystemExit(0)
     bw = copy_rate()
     if a.asm_ab:

@@ -13,7 +13,11 @@ import triton.language as tl
 from shuili.platforms.nvidia.common import cdiv, interpreting, pow2
 
 MAX_ROWS = 4096  # above this (prefill, eager), torch's sort: one program's row loop grows with the rows (not timed)
+# [chunk, groups] tiles of about TILE_VALUES values, PREP_WARPS warps: the one program's loop
+# steps are its latency. benchmarks/nvidia_qgemm.py --prep-sweep (H100, 2026-12-07): at mid-v4's
+# routing (384 rows, 32 experts) these are the fastest of 4096-16384 values x 4-8 warps (11.6 us)
 TILE_VALUES = 4096
+PREP_WARPS = 4
 MAX_GROUPS = 1024  # _tiles_kernel holds every group's count in one program
 
 
@@ -74,7 +78,7 @@ def _widths(e: int) -> tuple[int, int]:
     """(groups padded to a power of two, rows or tiles per chunk): [chunk, groups] tiles of about
     TILE_VALUES values."""
     ep = pow2(e, 2)
-    return ep, max(16, min(128, TILE_VALUES // ep))
+    return ep, max(16, min(max(128, TILE_VALUES // 32), TILE_VALUES // ep))
 
 
 def group_tiles(group_sizes: torch.Tensor, m: int, bm: int):
@@ -124,5 +128,5 @@ def moe_prep(flat: torch.Tensor, e: int, bm: int):
     te, t0, t1 = (torch.empty(nt, dtype=torch.int64, device=dev) for _ in range(3))
     ep, bc = _widths(e)
     _prep_kernel[(1,)](flat.contiguous(), order, sizes, te, t0, t1, n, e, nt, bm,
-                       BC=bc, EP=ep, TC=bc, num_warps=4)
+                       BC=bc, EP=ep, TC=bc, num_warps=PREP_WARPS)
     return order, sizes, (te, t0, t1, nt)

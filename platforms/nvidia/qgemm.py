@@ -69,7 +69,7 @@ NUM_STAGES = None  # None: 4 for 16-row tiles, 3 above (shared memory)
 # at T64, mxfp4) this pair took the MoE from 128.1 to 115.8 us; on an H100 (2026-12-06, --moe-ab)
 # 1.15x at T1, 1.07x at T16, 0.99x at T64 and T256 (docs/performance.md). Batch-invariant launches
 # never read it: their tile is fixed for every batch.
-MOE_TILES: dict[str, tuple[int, int, int, int]] = {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)}
+MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)}
 # bf16 activations decode mxfp4 weights with quant.e2m1_bf16_x8 (PTX byte permutes, bf16 multiplies) on
 # the GPU: the same bits as the float32 decode (quant.e2m1_x8), which SHUILI_NVIDIA_ASM_E2M1=0 and the
 # interpreter take. On an H100 (2026-12-06, nvidia_qgemm.py --asm-ab) the MoE at T1 1.15x, T16 1.05x,
@@ -331,7 +331,7 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
             limit=None, hilo=False, batch_invariant=False, bm=None, plane=0, tile=None):
     """One qgemm launch (plus the ordered split-K sum where K is split). Returns y. plane > 0: the
     SwiGLU output (y) or the hi/lo input (x) is bf16 hi and lo planes that many elements apart.
-    tile: (BN, BK, warps, stages) in place of the defaults."""
+    tile: (BN, BK, warps, stages[, maxnreg]) in place of the defaults."""
     m, k = x.shape[0], w.shape[-1]
     grouped = tiles is not None
     n = w.shape[-2] // 2 if swiglu else w.shape[-2]
@@ -339,8 +339,10 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
     bm0, bn, bk = tiles_for(m, w.format, batch_invariant)
     bm = bm or bm0
     warps, stages = NUM_WARPS or (4 if bm <= 16 else 8), NUM_STAGES or (4 if bm <= 16 else 3)
+    regs = {}
     if tile is not None:
-        bn, bk, warps, stages = tile
+        bn, bk, warps, stages = tile[:4]
+        regs = {"maxnreg": tile[4]} if len(tile) > 4 and not interpreting() else {}
         if w.format == "fp8_block128" and 128 % bk:
             raise ValueError(f"qgemm tile {tile}: fp8_block128 needs a BK dividing 128 (one scale per K step)")
         if w.format == "mxfp4" and bk < 64 and (x.dtype != torch.float32 or hilo):
@@ -374,7 +376,7 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
         PLANES=plane > 0, NATIVE_FP8=not interpreting(),
         ASM_E2M1=ASM_E2M1 and not interpreting(), SPLIT=split, FUSED_SUM=cnt is not None, BM=bm, BN=bn, BK=bk,
-        num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages, **regs)
     if split > 1 and cnt is None:
         splitk.split_sum(part, bias, y)
     return y
