@@ -200,6 +200,23 @@ def gen_rope(rng: Rng, **_) -> Case:
     return case
 
 
+def gen_rms_norm_rope(rng: Rng, **_) -> Case:
+    t, h, rope_dim = rng.size(), rng.choice([1, 3, 16]), rng.choice([16, 64])
+    d = rng.choice([rope_dim, 128, 512])
+    max_pos = rng.choice([64, 4096])
+    inv = 1.0 / numerics.pow_f32(10000.0, torch.arange(rope_dim // 2, dtype=torch.float32) * 2 / rope_dim)
+    cos, sin = numerics.rotary_tables(torch.arange(max_pos), inv)
+    weight = rng.normal(d, std=0.2) + 1.0 if rng.coin(0.7) else None
+    kw = {"x": rng.normal(t, h, d, std=rng.choice([0.01, 1.0, 30.0])), "weight": weight,
+          "eps": rng.choice([1e-6, 1e-5]), "positions": rng.ints(0, max_pos, (t,)), "cos": cos, "sin": sin,
+          "rope_dim": rope_dim, "interleaved": rng.coin(0.8)}
+    case = Case("rms_norm_rope", 0, kw, ("x", "weight"), t,
+                params={"T": t, "H": h, "D": d, "rope_dim": rope_dim, "weight": weight is not None,
+                        "interleaved": kw["interleaved"]})
+    case.split = _rows({"x": 0, "positions": 0})(case)
+    return case
+
+
 def gen_swiglu(rng: Rng, **_) -> Case:
     t, inter = rng.size(), rng.choice([8, 32, 96, 256])
     limit = rng.choice([None, 7.0, 0.5])
@@ -384,6 +401,32 @@ def gen_cache_write(rng: Rng, **_) -> Case:
 
         if slot < 0:  # a skipped write: alone, it must leave the whole cache as it was
             return sub, (lambda outs: [kw["cache"]]), (lambda outs: outs)
+        return sub, sel, sel
+
+    case.split = split
+    return case
+
+
+def gen_kv_write(rng: Rng, fmt: str = "mxfp8", **_) -> Case:
+    nb, bs, d = rng.int(1, 6), rng.choice([4, 16]), rng.choice([32, 64, 128, 512])
+    n = rng.int(1, nb * bs)
+    slots = rng.perm(nb * bs)[:n].clone()
+    slots[rng.ints(0, n, (n // 4,))] = -1  # skipped rows
+    rb = bytes_per_row(fmt, d)
+    cache = rng.ints(0, 256, (nb, bs, rb)).to(torch.uint8)  # stale bytes: only the written rows change
+    kw = {"cache": cache, "slot_mapping": slots, "rows": _kv_rows(rng, n, d), "fmt": fmt}
+    case = Case("kv_write", 0, kw, ("rows",), n, params={"blocks": nb, "block_size": bs, "D": d, "N": n,
+                                                         "fmt": fmt})
+
+    def split(i: int):
+        sub = dict(kw, slot_mapping=slots[i:i + 1], rows=kw["rows"][i:i + 1])
+        slot = int(slots[i])
+
+        def sel(outs):  # the slot row unit i wrote
+            return [o.view(-1, rb)[slot:slot + 1] for o in outs]
+
+        if slot < 0:  # a skipped row: alone, it must leave the whole cache as it was
+            return sub, (lambda outs: [cache]), (lambda outs: outs)
         return sub, sel, sel
 
     case.split = split
@@ -610,7 +653,7 @@ GENERATORS: dict[str, Callable[..., Case]] = {
 # ops whose cases vary by a format argument: (kind, default formats when the platform lists none)
 FORMAT_AXES = {
     "linear": WEIGHT_FORMATS, "grouped_linear": WEIGHT_FORMATS, "moe_experts": WEIGHT_FORMATS,
-    "kv_quantize": KV_FORMATS, "kv_dequantize": KV_FORMATS,
+    "kv_quantize": KV_FORMATS, "kv_dequantize": KV_FORMATS, "kv_write": KV_FORMATS,
 }
 assert set(GENERATORS) == set(OP_NAMES), sorted(set(OP_NAMES) ^ set(GENERATORS))
 

@@ -58,9 +58,9 @@ def place(kwargs: dict, act: tuple[str, ...], device: str, dtype: torch.dtype) -
 
 
 def outputs(op: str, kwargs: dict, ret: Any) -> list[torch.Tensor]:
-    if op == "cache_write":
+    if op in ("cache_write", "kv_write"):
         if ret is not None:
-            raise TypeError(f"cache_write must return None (it writes in place), returned {type(ret)}")
+            raise TypeError(f"{op} must return None (it writes in place), returned {type(ret)}")
         ret = kwargs["cache"]
     items = list(ret) if isinstance(ret, (tuple, list)) else [ret]
     for i, t in enumerate(items):

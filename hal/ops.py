@@ -130,6 +130,24 @@ def rope(
     """
 
 
+@_op("rope", since="1.9")
+def rms_norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rope_dim: int,
+    interleaved: bool = True,
+) -> torch.Tensor:
+    """`rope(rms_norm(x, weight, eps), positions, cos, sin, rope_dim, interleaved)` over x [T, H, D]:
+    each head row normalised over D and rounded to x's dtype, then its last rope_dim channels
+    rotated, the same values as the two ops (V4's q and KV rows, and its compressed entries).
+    Returns x's dtype and shape (a new tensor).
+    """
+
+
 @_op("activation")
 def swiglu(gate_up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
     """gate_up [T, 2I] = concat(gate, up); returns silu(gate') * up' [T, I] where, with a limit,
@@ -287,6 +305,16 @@ def cache_write(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
     """In place: cache.view(-1, *values.shape[1:])[slot_mapping[i]] = values[i] for slot >= 0.
     cache [num_blocks, block_size, ...] (any dtype, incl. packed uint8 rows); slot_mapping int64
     [N] (slot = block * block_size + offset; negative = skip); values [N, ...] of cache's dtype.
+    """
+
+
+@_op("kv", since="1.9")
+def kv_write(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
+    """In place: `cache_write(cache, slot_mapping, kv_quantize(rows, fmt))`, or for fmt "none"
+    `cache_write(cache, slot_mapping, rows.to(cache.dtype))`: a step's new KV rows packed into their
+    storage format and stored at their slots, the same bytes as the two ops. rows [N, D] (float32,
+    bfloat16 or float16); slot_mapping int64 [N] (negative = skip: the row need not be packed);
+    cache [num_blocks, block_size, bytes_per_row(fmt, D)] uint8 for a packed format.
     """
 
 

@@ -340,10 +340,9 @@ class DeepseekV4Model:
         cos, sin = self.rope[p.kind != "swa"]
         pos = meta.pos
         qr = ops.rms_norm(ops.linear(x, p.wq_a), p.q_norm, cfg.rms_norm_eps)
-        q = ops.rms_norm(ops.linear(qr, p.wq_b).view(T, H, d), None, cfg.rms_norm_eps)
-        q = ops.rope(q, pos, cos, sin, r)
-        kv = ops.rms_norm(ops.linear(x, p.wkv), p.kv_norm, cfg.rms_norm_eps).view(T, 1, d)
-        kv = ops.rope(kv, pos, cos, sin, r).reshape(T, d)
+        q = ops.rms_norm_rope(ops.linear(qr, p.wq_b).view(T, H, d), None, cfg.rms_norm_eps, pos, cos, sin, r)
+        kv = ops.rms_norm_rope(ops.linear(x, p.wkv).view(T, 1, d), p.kv_norm, cfg.rms_norm_eps, pos, cos, sin,
+                               r).reshape(T, d)
         win = self.caches["swa_kv"][layer]
         self._write(win, meta.batch.slot_mapping["swa_kv"], kv, cfg.window_kv_format)
         kvs, idxs, fmts = [win], [meta.win_idx], [cfg.window_kv_format]
@@ -379,9 +378,7 @@ class DeepseekV4Model:
         return ops.linear(oa, p.wo_b)
 
     def _write(self, cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
-        if fmt != "none":
-            rows = self.ops.kv_quantize(rows, fmt)
-        self.ops.cache_write(cache, slots, rows.to(cache.dtype))
+        self.ops.kv_write(cache, slots, rows, fmt)
 
     def _comp_proj(self, c: Compressor, x: torch.Tensor, meta: _Meta, out: torch.Tensor) -> None:
         """out (float32 [T, 2*coff*dim], a view of the state row) = kv, then gate + ape[pos % ratio]:
@@ -399,9 +396,9 @@ class DeepseekV4Model:
         # a static decode step lists every token; the op reads only the entries completed (out slot >= 0)
         pooled = ops.compress_pool(state.view(-1, state.shape[-1]), new.src_slots, new.out_slots, off, dim,
                                    c.coff == 2).to(self.dtype)  # [N, dim]
-        pooled = ops.rms_norm(pooled, c.norm, cfg.rms_norm_eps).view(-1, 1, dim)
         cos, sin = self.rope[True]
-        pooled = ops.rope(pooled, new.positions, cos, sin, cfg.qk_rope_head_dim).reshape(-1, dim)
+        pooled = ops.rms_norm_rope(pooled.view(-1, 1, dim), c.norm, cfg.rms_norm_eps, new.positions, cos, sin,
+                                   cfg.qk_rope_head_dim).reshape(-1, dim)
         self._write(out, new.out_slots, pooled, fmt)
 
     def _indexer(self, p: Indexer, layer: int, x: torch.Tensor, qr: torch.Tensor, meta: _Meta) -> torch.Tensor:

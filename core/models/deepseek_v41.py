@@ -307,9 +307,7 @@ class DeepseekV41Model:
 
     def _store(self, cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
         """rows are already fake-quantized: packing them again is exact."""
-        if fmt != "none":
-            rows = self.ops.kv_quantize(rows, fmt)
-        self.ops.cache_write(cache, slots, rows.to(cache.dtype))
+        self.ops.kv_write(cache, slots, rows, fmt)
 
     def _attention(self, p: Attention, layer: int, x: torch.Tensor, meta: _Meta, shared: _Shared) -> torch.Tensor:
         ops, cfg = self.ops, self.cfg
@@ -318,8 +316,9 @@ class DeepseekV41Model:
         pos = meta.pos
         qr = ops.rms_norm(ops.linear(x, p.q_a), p.q_a_norm, cfg.rms_norm_eps)
         q = ops.rope(ops.linear(qr, p.q_b).view(T, H, d), pos, cos, sin, r)
-        kv = ops.rms_norm(ops.linear(x, p.kv_proj), p.kv_norm, cfg.rms_norm_eps).view(T, 1, d)
-        kv = self._fake_quant(ops.rope(kv, pos, cos, sin, r).reshape(T, d), "mxfp8")
+        kv = ops.rms_norm_rope(ops.linear(x, p.kv_proj).view(T, 1, d), p.kv_norm, cfg.rms_norm_eps, pos, cos,
+                               sin, r)
+        kv = self._fake_quant(kv.reshape(T, d), "mxfp8")
         win = self.caches["swa_kv"][layer]
         self._store(win, meta.batch.slot_mapping["swa_kv"], kv, cfg.window_kv_format)
         kvs, idxs, fmts = [win], [meta.win_idx], [cfg.window_kv_format]
@@ -362,8 +361,9 @@ class DeepseekV41Model:
         latent = ops.rms_norm(latent, c.norm, cfg.rms_norm_eps)
         cos, sin = self.rope[True]
         rr = cfg.qk_rope_head_dim
-        k = ops.rms_norm(ops.linear(latent, ix.k_proj), ix.k_norm, cfg.rms_norm_eps).unsqueeze(1)
-        k = self._fake_quant(ops.rope(k, new.positions, cos, sin, rr).squeeze(1), "mxfp4")
+        k = ops.rms_norm_rope(ops.linear(latent, ix.k_proj).unsqueeze(1), ix.k_norm, cfg.rms_norm_eps,
+                              new.positions, cos, sin, rr)
+        k = self._fake_quant(k.squeeze(1), "mxfp4")
         self._store(self.caches[idx_group(src)][src], new.out_slots, k, cfg.indexer_k_format)
         main = ops.rope(latent.unsqueeze(1), new.positions, cos, sin, rr).squeeze(1)
         main = self._fake_quant(main, "fp4_e4m3")

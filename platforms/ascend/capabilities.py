@@ -26,6 +26,7 @@ KERNELS = {
     "rms_norm": ("npu_rms_norm", "row"),
     "add_rms_norm": ("npu_add_rms_norm; add + npu_rms_norm in batch-invariant mode", "split"),
     "rope": ("npu_rotary_mul (half / interleave)", "elementwise"),
+    "rms_norm_rope": ("this table's rms_norm, then its rope (no torch_npu op fuses them)", "row"),
     "swiglu": ("npu_swiglu; torch with a limit", "elementwise"),
     "embedding": ("torch embedding", "elementwise"),
     "hc_split_sinkhorn": ("host torch (reference numerics)", "host"),
@@ -39,6 +40,8 @@ KERNELS = {
     "kv_quantize": ("npu_dynamic_mx_quant scale_alg=1 (mxfp8, 950); host torch for fp4", "row"),
     "kv_dequantize": ("torch, exact, on device", "elementwise"),
     "cache_write": ("npu_scatter_pa_kv_cache cache_mode=Norm", "elementwise"),
+    "kv_write": ("this table's kv_quantize, then its cache_write (no torch_npu op packs and scatters)",
+                 "row"),
     "compress_pool": ("torch on device (the reference's code: float64 exp, fixed-tree sums)", "elementwise"),
     "paged_slots": ("torch on device (the reference's code: integer gather and arithmetic)", "elementwise"),
     "paged_attention": ("npu_fused_infer_attention_score(_v2) TND paged, sparse_mode 3/4", "split"),
@@ -54,7 +57,7 @@ KERNELS = {
     "all_to_all": ("HCCL all_to_all_single (rows copied)", "collective"),
 }
 _FORMATS = {"linear": _WEIGHTS, "grouped_linear": _WEIGHTS, "moe_experts": _WEIGHTS,
-            "kv_quantize": _KV, "kv_dequantize": _KV, "sparse_attention": _KV_READ,
+            "kv_quantize": _KV, "kv_dequantize": _KV, "kv_write": _KV_READ, "sparse_attention": _KV_READ,
             "indexer_topk": _KV_READ, "indexer_select": _KV_READ}
 
 

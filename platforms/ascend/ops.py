@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from shuili.hal.ops import OP_NAMES
 from shuili.platforms.ascend import attention, collectives, gemm, indexer, kv, norm_rope
 from shuili.platforms.ascend.host import on_host
-from shuili.platforms.reference.public import composed_hc_mix
+from shuili.platforms.reference.public import composed_hc_mix, composed_kv_write, composed_rms_norm_rope
 
 # no torch_npu op covers these (vllm-ascend samples with plain torch on 950, too)
 HOST_OPS = ("log_softmax", "apply_penalties", "sample")
@@ -44,6 +44,10 @@ def build_ops(api, mode: Mode) -> dict:
     # no torch_npu op fuses the mHC norm, mixing linear and Sinkhorn: the three of this table, so the
     # norm and the linear stay on the NPU (the linear's tiling decides the determinism: kind "split")
     table["hc_mix"] = composed_hc_mix(table["rms_norm"], table["linear"], table["hc_split_sinkhorn"])
+    # npu_scatter_pa_kv_cache stores rows as they are: they are packed first, by this table's kv_quantize
+    table["kv_write"] = composed_kv_write(table["kv_quantize"], table["cache_write"])
+    # npu_rms_norm, then npu_rotary_mul: no torch_npu op does both
+    table["rms_norm_rope"] = composed_rms_norm_rope(table["rms_norm"], table["rope"])
     missing = [n for n in OP_NAMES if n not in table]
     if missing:
         raise RuntimeError(f"the Ascend op table lacks {missing}")

@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting, pow2
-from shuili.platforms.reference.public import OPS as REFERENCE_OPS, check_slots_args
+from shuili.platforms.nvidia import quant
+from shuili.platforms.reference.public import OPS as REFERENCE_OPS, check_kv_write_args, check_slots_args
 
 
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -84,6 +85,22 @@ def cache_write(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
     _copy_rows[(n, cdiv(row, block))](dst, slot_mapping.to(torch.int64).contiguous(), src, row,
                                       BLOCK=block)
     return None
+
+
+def kv_write(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
+    """One launch: each row whose slot is not negative is packed straight into its cache row."""
+    check_kv_write_args(cache, rows, fmt)
+    if fmt == "none":
+        return cache_write(cache, slot_mapping, rows.to(cache.dtype))
+    rb = quant.bytes_per_row(fmt, rows.shape[1])
+    if cache.dim() != 3 or cache.shape[2] != rb or not cache.is_contiguous():
+        raise ValueError(f"kv_write: a {fmt} cache of {rows.shape[1]}-wide rows is contiguous uint8 "
+                         f"[blocks, block_size, {rb}], got {tuple(cache.shape)}")
+    if slot_mapping.shape != (rows.shape[0],):
+        raise ValueError(f"kv_write: slot_mapping {tuple(slot_mapping.shape)} must be [{rows.shape[0]}]")
+    slots = cache.shape[0] * cache.shape[1]
+    check(slot_mapping, lambda s: s < slots, f"kv_write: slots must be < {slots} (num_blocks * block_size)")
+    quant.pack(rows, fmt, cache, slot_mapping.to(torch.int64).contiguous())
 
 
 @triton.jit

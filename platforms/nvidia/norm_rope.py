@@ -94,3 +94,58 @@ def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False):
             x, y, positions.contiguous(), cos.float().contiguous(), sin.float().contiguous(), h, d,
             rope_dim, half, HP=pow2(half), BH=bh, BD=pow2(d), INTERLEAVED=interleaved, INVERSE=inverse)
     return y
+
+
+@triton.jit
+def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF, eps,
+                     BLOCK: tl.constexpr, HP: tl.constexpr, HAS_W: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Row (t, h) of x [T, H, D]: _rms_kernel's norm (the same reduction, so the same bits), stored
+    rounded to y's dtype, then _rope_kernel's rotation of the last R channels from those rounded
+    values: the two ops' bits in one launch. The rope channels are normalised again from their own
+    loads (elementwise, the same expression), so no value crosses threads."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    ok = c < D
+    x = tl.load(x_ptr + row * D + c, mask=ok, other=0.0)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt_rn(tl.sum(xf * xf, axis=0) / D + eps)
+    y = xf * rstd
+    if HAS_W:
+        y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    keep = c < D - R
+    tl.store(y_ptr + row * D + c, y.to(y_ptr.dtype.element_ty), mask=keep)
+    i = tl.arange(0, HP)
+    iok = i < HALF
+    if INTERLEAVED:
+        ia = D - R + 2 * i
+        ib = ia + 1
+    else:
+        ia = D - R + i
+        ib = ia + HALF
+    a = tl.load(x_ptr + row * D + ia, mask=iok, other=0.0).to(tl.float32) * rstd
+    b = tl.load(x_ptr + row * D + ib, mask=iok, other=0.0).to(tl.float32) * rstd
+    if HAS_W:
+        a = a * tl.load(w_ptr + ia, mask=iok, other=0.0).to(tl.float32)
+        b = b * tl.load(w_ptr + ib, mask=iok, other=0.0).to(tl.float32)
+    a = a.to(y_ptr.dtype.element_ty).to(tl.float32)
+    b = b.to(y_ptr.dtype.element_ty).to(tl.float32)
+    p = tl.load(pos_ptr + row // H)
+    cs = tl.load(cos_ptr + p * HALF + i, mask=iok, other=0.0)
+    sn = tl.load(sin_ptr + p * HALF + i, mask=iok, other=0.0)
+    tl.store(y_ptr + row * D + ia, (a * cs - b * sn).to(y_ptr.dtype.element_ty), mask=iok)
+    tl.store(y_ptr + row * D + ib, (a * sn + b * cs).to(y_ptr.dtype.element_ty), mask=iok)
+
+
+def rms_norm_rope(x, weight, eps, positions, cos, sin, rope_dim, interleaved=True):
+    t, d, half = check_rope_args(x, cos, sin, rope_dim)
+    h = x.shape[1]
+    if weight is not None and weight.shape != (d,):
+        raise ValueError(f"rms_norm_rope: weight {tuple(weight.shape)} must be [{d}] (the head dim)")
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if t * h:
+        _rms_rope_kernel[(t * h,)](x, weight if weight is not None else x, y, positions.contiguous(),
+                                   cos.float().contiguous(), sin.float().contiguous(), h, d, rope_dim, half,
+                                   float(eps), BLOCK=pow2(d), HP=pow2(half), HAS_W=weight is not None,
+                                   INTERLEAVED=interleaved, num_warps=4 if d <= 4096 else 8)
+    return y

@@ -307,16 +307,23 @@ def split_rows(base, ok, D: tl.constexpr, DP: tl.constexpr, FMT: tl.constexpr, W
 
 # -------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _quantize_kernel(x_ptr, out_ptr, N, D: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr,
-                     ROW_BYTES: tl.constexpr, ROWS: tl.constexpr):
+def _quantize_kernel(x_ptr, out_ptr, slot_ptr, N, s_xm, D: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr,
+                     ROW_BYTES: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """Packs rows of x (row stride s_xm) into row r of out, or (SLOTS, kv_write) into row slot[r]
+    of the cache out, skipping rows whose slot is negative (nothing read, nothing stored)."""
     pid = tl.program_id(0)
     r = pid * ROWS + tl.arange(0, ROWS)
     rok = r < N
+    dst = r.to(tl.int64)
+    if SLOTS:
+        dst = tl.load(slot_ptr + r, mask=rok, other=-1).to(tl.int64)
+        rok = rok & (dst >= 0)
     c = tl.arange(0, D)
-    x = tl.load(x_ptr + r[:, None].to(tl.int64) * D + c[None, :], mask=rok[:, None], other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + r[:, None].to(tl.int64) * s_xm + c[None, :], mask=rok[:, None], other=0.0)
+    x = x.to(tl.float32)
     xg = tl.reshape(x, (ROWS, D // G, G))
     amax = tl.max(tl.abs(xg), axis=2)  # [ROWS, D/G]
-    out = out_ptr + r.to(tl.int64) * ROW_BYTES
+    out = out_ptr + dst * ROW_BYTES
     gid = tl.arange(0, D // G)
     if FMT == 2:
         s_code = f32_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(amax, 6.0), 0.001953125), 448.0))
@@ -355,21 +362,29 @@ def _dequantize_kernel(p_ptr, out_ptr, N, D: tl.constexpr, DP: tl.constexpr, FMT
     tl.store(out_ptr + r[:, None].to(tl.int64) * D + c[None, :], v, mask=rok[:, None] & (c[None, :] < D))
 
 
-def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
+def pack(x: torch.Tensor, fmt: str, out: torch.Tensor, slots: torch.Tensor | None) -> None:
+    """Rows x [N, D] packed into out's rows (slots: into the cache rows they name)."""
     bits, group, _ = kv_spec(fmt)
     if x.dim() != 2:
         raise ValueError(f"kv_quantize takes rows [N, D], got shape {tuple(x.shape)}")
     n, d = x.shape
     if d % group or d != pow2(d):
         raise ValueError(f"kv format {fmt} needs a power-of-two row width divisible by {group}, got {d}")
-    rb = bytes_per_row(fmt, d)
-    out = torch.empty(n, rb, dtype=torch.uint8, device=x.device)
-    if n:
-        rows = max(1, min(16, 4096 // d))
-        # 16-bit rows are read as they are and widened in registers (exact): no float32 copy
-        src = x.contiguous() if x.dtype in (torch.bfloat16, torch.float16) else x.float().contiguous()
-        _quantize_kernel[(triton.cdiv(n, rows),)](src, out, n, D=d, G=group,
-                                                  FMT=FORMAT_ID[fmt], ROW_BYTES=rb, ROWS=rows)
+    if n == 0:
+        return
+    rows = max(1, min(16, 4096 // d))
+    # 16-bit rows are read as they are and widened in registers (exact): no float32 copy
+    src = x if x.dtype in (torch.bfloat16, torch.float16) else x.float()
+    if src.stride(-1) != 1:
+        src = src.contiguous()
+    _quantize_kernel[(triton.cdiv(n, rows),)](src, out, slots if slots is not None else out, n, src.stride(0),
+                                              D=d, G=group, FMT=FORMAT_ID[fmt],
+                                              ROW_BYTES=bytes_per_row(fmt, d), ROWS=rows, SLOTS=slots is not None)
+
+
+def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    out = torch.empty(x.shape[0], bytes_per_row(fmt, x.shape[-1]), dtype=torch.uint8, device=x.device)
+    pack(x, fmt, out, None)
     return out
 
 

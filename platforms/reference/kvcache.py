@@ -1,6 +1,8 @@
 """KV-cache writes and the KV storage formats (packing lives in quant.py)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from shuili.hal import numerics
@@ -77,6 +79,26 @@ def paged_slots(block_tables: torch.Tensor, seq_idx: torch.Tensor, pos: torch.Te
     return torch.where((pos >= 0) & (blk < nb) & (phys >= 0), slot, -1)
 
 
+def composed_kv_write(kv_quantize: Callable, cache_write: Callable) -> Callable:
+    """kv_write as the ops that define it, from one op table (the reference's, or a platform's
+    without a fused kernel)."""
+
+    def kv_write(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
+        check_kv_write_args(cache, rows, fmt)
+        cache_write(cache, slot_mapping, rows.to(cache.dtype) if fmt == "none" else kv_quantize(rows, fmt))
+
+    return kv_write
+
+
+def check_kv_write_args(cache: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
+    """kv_write's argument checks (shared, so every platform's errors read the same)."""
+    if rows.dim() != 2:
+        raise ValueError(f"kv_write: rows must be [N, D], got shape {tuple(rows.shape)}")
+    if fmt != "none" and cache.dtype != torch.uint8:
+        raise ValueError(f"kv_write: a {fmt} cache holds packed uint8 rows, got a {cache.dtype} cache; "
+                         "allocate it as uint8 [blocks, block_size, bytes_per_row(fmt, D)]")
+
+
 def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """Pack float rows [N, D] into uint8 [N, bytes_per_row(fmt, D)]; see quant.py for each format."""
     return quant.kv_quantize(x, fmt)
@@ -122,3 +144,6 @@ def compress_pool(state: torch.Tensor, src_slots: torch.Tensor, out_slots: torch
     gate = torch.where(keep, gate.float(), torch.full((), float("-inf"), device=gate.device))
     p = numerics.softmax_last(gate.transpose(1, 2)).transpose(1, 2)
     return numerics.tree_sum(kv * p, dim=1)
+
+
+kv_write = composed_kv_write(kv_quantize, cache_write)

@@ -1,6 +1,8 @@
 """Rotary embedding on the trailing rope_dim channels; elementwise float32."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from shuili.platforms.reference import native
@@ -68,3 +70,15 @@ def _angles(positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, t: in
     cs = (cos.to(torch.float32)[pos][:, None, :], sin.to(torch.float32)[pos][:, None, :])
     _ANGLES[0] = (cos, sin, positions.clone(), cs, versions)
     return cs
+
+
+def composed_rms_norm_rope(rms_norm: Callable, rope: Callable) -> Callable:
+    """rms_norm_rope as the two ops that define it, from one op table (the reference's, or a
+    platform's without a fused kernel)."""
+
+    def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor,
+                      cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, interleaved: bool = True) -> torch.Tensor:
+        check_rope_args(x, cos, sin, rope_dim)
+        return rope(rms_norm(x, weight, eps), positions, cos, sin, rope_dim, interleaved)
+
+    return rms_norm_rope

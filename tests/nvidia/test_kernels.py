@@ -114,6 +114,26 @@ def test_rope(device, interleaved, inverse, rope_dim, d):
     assert rel(got, want) < 1e-6
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("h,d,rope_dim,weighted", [(16, 512, 64, False), (1, 512, 64, True), (3, 96, 96, True)])
+def test_rms_norm_rope(device, dtype, interleaved, h, d, rope_dim, weighted):
+    """One launch, the bits of rms_norm then rope on this platform; the reference's values."""
+    half = rope_dim // 2
+    ang = torch.arange(64, dtype=torch.float64)[:, None] / 10000 ** (torch.arange(half) * 2 / rope_dim)
+    cos, sin = ang.cos().float(), ang.sin().float()
+    x = (rnd(5, h, d, seed=d) * torch.logspace(-2, 2, 5)[:, None, None]).to(dtype)
+    w = rnd(d, seed=1, std=0.3) + 1 if weighted else None
+    pos = torch.tensor([0, 3, 63, 7, 7])
+    on = lambda *a: [v.to(device) if v is not None else None for v in a]  # noqa: E731
+    got = norm_rope.rms_norm_rope(*on(x, w), 1e-6, *on(pos, cos, sin), rope_dim, interleaved)
+    xd, wd, pd, cd, sd = on(x, w, pos, cos, sin)
+    two = norm_rope.rope(norm_rope.rms_norm(xd, wd, 1e-6), pd, cd, sd, rope_dim, interleaved)
+    assert got.dtype == dtype and got.shape == x.shape and torch.equal(got, two)
+    want = REF["rms_norm_rope"](x.float(), w, 1e-6, pos, cos, sin, rope_dim, interleaved)
+    assert rel(got, want) < TOL[dtype]
+
+
 # --------------------------------------------------------------------------------------- GEMMs
 def weight(fmt, shape, seed):
     *lead, n, k = shape
@@ -574,6 +594,30 @@ def test_routing_and_sinkhorn(device):
     got = mhc.hc_split_sinkhorn(mix.to(device), scale.to(device), base.to(device), 4, 20, 1e-6)
     for a, b in zip(got, REF["hc_split_sinkhorn"](mix, scale, base, 4, 20, 1e-6)):
         assert rel(a, b) < 1e-5
+
+
+@pytest.mark.parametrize("fmt,d", [("mxfp8", 512), ("fp4_e4m3", 64), ("mxfp4", 128), ("none", 32)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kv_write(device, fmt, d, dtype):
+    """One launch packs each row at its slot: the reference's bytes (kv_quantize then cache_write),
+    skipped rows untouched; the rows may be a strided view (a step's rows inside a wider tensor)."""
+    rows = (rnd(9, 2 * d, seed=d) * torch.logspace(-4, 3, 9)[:, None]).to(dtype)[:, :d]
+    slots = torch.tensor([5, -1, 0, 31, -1, 12, 7, 30, 2])
+    rb = misc.quant.bytes_per_row(fmt, d) if fmt != "none" else d
+    cdt = torch.uint8 if fmt != "none" else dtype
+    stale = torch.randint(0, 256, (2, 16, rb), generator=g(3)).to(cdt)
+    want = stale.clone()
+    REF["kv_write"](want, slots, rows.float() if dtype == torch.float32 else rows, fmt)
+    got = stale.clone().to(device)
+    misc.kv_write(got, slots.to(device), rows.to(device), fmt)
+    assert torch.equal(got.cpu(), want)
+
+
+def test_kv_write_checks_the_cache(device):
+    rows = rnd(2, 64).to(device)
+    with pytest.raises(ValueError, match=r"kv_write: a mxfp8 cache of 64-wide rows is contiguous uint8"):
+        misc.kv_write(torch.zeros(1, 4, 64, dtype=torch.uint8, device=device), torch.tensor([0, 1], device=device),
+                      rows, "mxfp8")
 
 
 # ---------------------------------------------------- float32 linears of few columns (skinny.py)
