@@ -48,14 +48,14 @@ def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xi
                    f32=False, hilo=False, split=1, bias=False, limit=False, planes=False):
     fn = gemm._gemm_kernel if old else qgemm._qgemm_kernel
     vals = dict(FMT=fmt, GROUPED=grouped, X_IDX=xidx, Y_IDX=yidx, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=limit,
-                F32=f32, HILO=hilo, NATIVE_FP8=True, SPLIT=split, FUSED_SUM=split > 1, BM=bm, BN=bn, BK=bk)
+                F32=f32, HILO=hilo, NATIVE_FP8=True, SPLIT=split, BM=bm, BN=bn, BK=bk)
     if not old:
         vals["PLANES"] = planes
         vals["ASM_E2M1"] = qgemm.ASM_E2M1
     act = "*fp32" if (f32 or (hilo and not planes)) else "*bf16"
     out = "*fp32" if (split > 1 or (swiglu and not planes) or yidx or hilo or f32) else "*bf16"
     ptr = {"x_ptr": act, "y_ptr": out, "w_ptr": "*u8", "s_ptr": "*fp32" if fmt == 1 else "*u8", "b_ptr": act,
-           "yw_ptr": "*fp32", "limit": "fp32", "p_ptr": "*fp32", "cnt_ptr": "*i32"}
+           "yw_ptr": "*fp32", "limit": "fp32"}
     sig, cst, attrs = {}, {}, {}
     for i, p in enumerate(fn.arg_names):
         if p in vals:

@@ -22,7 +22,6 @@ from shuili.platforms.nvidia import qgemm, skinny, splitk
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting
 from shuili.platforms.nvidia.moe_prep import group_tiles, moe_prep
 from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
-from shuili.platforms.nvidia.splitk import finish_tile
 
 FMT_ID = {"dense": 0, "fp8_block128": 1, "mxfp4": 2, "fp8_block32": 3}
 BI_TILE = (64, 64, 64)  # BM, BN, BK in batch-invariant mode, for every M
@@ -118,11 +117,10 @@ def _mxfp4_step(acc, x_ptr, w_ptr, s_ptr, e, rows, rok, cols, cok, k0, k_hi, s_x
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, p_ptr, cnt_ptr, M, N, K, KC, s_xm,
-                 s_ym, s_we, s_wn, s_se, s_sn, FMT: tl.constexpr, GROUPED: tl.constexpr,
+def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, M, N, K, KC, s_xm, s_ym,
+                 s_we, s_wn, s_se, s_sn, FMT: tl.constexpr, GROUPED: tl.constexpr,
                  HAS_BIAS: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, NATIVE_FP8: tl.constexpr,
-                 SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr):
+                 SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
@@ -154,13 +152,9 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, te_ptr, t0_ptr, t1_ptr, p_pt
                         mask=rok[:, None] & kok[None, :], other=0.0)
             w = _w_tile(a, w_ptr, s_ptr, e, cols, cok, kk, kok, k0, s_we, s_wn, s_se, s_sn, FMT, NATIVE_FP8)
             acc = _dot_acc(acc, a, w, F32, HILO)
-    if SPLIT > 1:  # fp32 partials [SPLIT, M, N], added in split order (splitk.py)
-        part = p_ptr + tl.program_id(2).to(tl.int64) * M * N
-        ok = rok[:, None] & cok[None, :]
-        tl.store(part + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=ok)
-        if FUSED_SUM:
-            finish_tile(p_ptr, cnt_ptr, pid_m * tl.num_programs(1) + pid_n, b_ptr, y_ptr, rows, cols, ok, M, N,
-                        s_ym, SPLIT, HAS_BIAS)
+    if SPLIT > 1:  # fp32 partials [SPLIT, M, N]; splitk.split_sum adds them in split order
+        part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
+        tl.store(part + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=rok[:, None] & cok[None, :])
         return
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cok, other=0.0).to(tl.float32)[None, :]
@@ -246,15 +240,14 @@ def _launch(x, w: Weight, bias, y, tiles, batch_invariant, grouped, hilo=False):
         split, kc = fill_split(cdiv(n, bn) * (min(w.shape[0], m) if grouped else nt), k, bk)
     else:
         split, kc = 1, k
-    part = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    cnt = splitk.counters(x.device, nt * cdiv(n, bn)) if split > 1 else None
+    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _gemm_kernel[(nt, cdiv(n, bn), split)](
-        x, data, scale, bias if bias is not None else x, y, te, t0, t1, part, cnt if cnt is not None else part, m,
-        n, k, kc, x.stride(0), y.stride(0), s_we, s_wn, s_se, s_sn, FMT=FMT_ID[w.format], GROUPED=grouped,
+        x, data, scale, bias if bias is not None else x, out, te, t0, t1, m, n, k, kc, x.stride(0),
+        y.stride(0), s_we, s_wn, s_se, s_sn, FMT=FMT_ID[w.format], GROUPED=grouped,
         HAS_BIAS=bias is not None, F32=x.dtype == torch.float32, HILO=hilo, NATIVE_FP8=not interpreting(),
-        SPLIT=split, FUSED_SUM=cnt is not None, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3)
-    if split > 1 and cnt is None:
-        splitk.split_sum(part, bias, y)
+        SPLIT=split, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3)
+    if split > 1:
+        splitk.split_sum(out, bias, y)
     return y
 
 

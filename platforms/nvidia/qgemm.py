@@ -19,7 +19,7 @@ tile:
   rounding, and the weight tile goes straight from e4m3 to the dot's dtype.
 
 Determinism. Every output element is a fixed-order sum over K in BK steps; K is cut into SPLIT
-fixed chunks whose fp32 partials are added in chunk order by each tile's last program (splitk.py).
+fixed chunks whose fp32 partials are added in chunk order by a second kernel (splitk.py).
 Default mode picks tiles and split from (M, weight shape): run to run deterministic.
 Batch-invariant mode fixes the tile (BI_TILE; grouped GEMMs BI_GROUP_BM rows) and takes the split
 from the weight's shape alone, so a row's bits never depend on M or on its position. The dense
@@ -45,7 +45,6 @@ from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpr
 from shuili.platforms.nvidia import splitk
 from shuili.platforms.nvidia.moe_prep import moe_prep
 from shuili.platforms.nvidia.quant import e2m1_bf16_x8, e2m1_x8, e4m3_to_f32, e8m0_bf16_pair
-from shuili.platforms.nvidia.splitk import finish_tile
 
 FMT_ID = {"fp8_block128": 1, "mxfp4": 2}
 BI_TILE = (64, 64, 128)  # BM, BN, BK in batch-invariant mode, for every M
@@ -176,20 +175,19 @@ def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, 
 
 # ------------------------------------------------------------------------------------------ kernel
 @triton.jit
-def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_ptr, t0_ptr, t1_ptr, p_ptr,
-                  cnt_ptr, M, N, K, KC, UP, TOPK, s_xm, s_ym, s_we, s_wn, s_se, s_sn, s_plane, limit,
+def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_ptr, t0_ptr, t1_ptr,
+                  M, N, K, KC, UP, TOPK, s_xm, s_ym, s_we, s_wn, s_se, s_sn, s_plane, limit,
                   FMT: tl.constexpr, GROUPED: tl.constexpr, X_IDX: tl.constexpr, Y_IDX: tl.constexpr,
                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr,
                   F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr, NATIVE_FP8: tl.constexpr,
-                  ASM_E2M1: tl.constexpr, SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, BM: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr):
+                  ASM_E2M1: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr):
     """y[rows, cols] = x[rows] @ W[e, cols]^T over K chunk program_id(2).
     GROUPED: program_id(0) indexes the tile map (group, first row, end row; group -1 = unused).
     X_IDX: row r reads x[xi[r] // TOPK]. SWIGLU: N is I; also computes columns cols + UP and stores
     silu(min(g, limit)) * clamp(u, -limit, limit). Y_IDX: row r is stored, times yw[yi[r]], at row
-    yi[r] of y. SPLIT > 1: float32 partials [SPLIT, M, N] into p; FUSED_SUM: the tile's last program
-    adds them into y (splitk.py). PLANES: float32 values travel as bf16 hi and lo parts s_plane
-    elements apart; SWIGLU stores its output so, HILO reads x so."""
+    yi[r] of y. SPLIT > 1: float32 partials [SPLIT, M, N] into y. PLANES: float32 values travel as
+    bf16 hi and lo parts s_plane elements apart; SWIGLU stores its output so, HILO reads x so."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED:
@@ -243,11 +241,8 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
                             ASM_E2M1)
     ok = rok[:, None] & cok[None, :]
     if SPLIT > 1:
-        part = p_ptr + tl.program_id(2).to(tl.int64) * M * N
+        part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
         tl.store(part + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=ok)
-        if FUSED_SUM:
-            finish_tile(p_ptr, cnt_ptr, pid_m * tl.num_programs(1) + pid_n, b_ptr, y_ptr, rows, cols, ok, M, N,
-                        s_ym, SPLIT, HAS_BIAS)
     else:
         if SWIGLU:
             g = acc
@@ -364,21 +359,20 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
         split, kc = bi_split(n, k, groups)
     else:
         split, kc = split_for(cdiv(n, bn) * (min(groups, m) if grouped else nt), k, bk, MIN_PROGRAMS)
-    part = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    cnt = splitk.counters(x.device, nt * cdiv(n, bn)) if split > 1 else None
+    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     f32 = x.dtype == torch.float32 and not hilo
     _qgemm_kernel[(nt, cdiv(n, bn), split)](
-        x, xi if xi is not None else x, data, scale, bias if bias is not None else x, y,
-        yi if yi is not None else x, yw if yw is not None else x, te, t0, t1, part, cnt if cnt is not None else part,
+        x, xi if xi is not None else x, data, scale, bias if bias is not None else x, out,
+        yi if yi is not None else x, yw if yw is not None else x, te, t0, t1,
         m, n, k, kc, n, topk, x.stride(0), y.stride(0), s_we, s_wn, s_se, s_sn, plane,
         float(limit) if limit is not None else 0.0,
         FMT=FMT_ID[w.format], GROUPED=grouped, X_IDX=xi is not None, Y_IDX=yi is not None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
         PLANES=plane > 0, NATIVE_FP8=not interpreting(),
-        ASM_E2M1=ASM_E2M1 and not interpreting(), SPLIT=split, FUSED_SUM=cnt is not None, BM=bm, BN=bn, BK=bk,
+        ASM_E2M1=ASM_E2M1 and not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
         num_warps=warps, num_stages=stages, **regs)
-    if split > 1 and cnt is None:
-        splitk.split_sum(part, bias, y)
+    if split > 1:
+        splitk.split_sum(out, bias, y)
     return y
 
 

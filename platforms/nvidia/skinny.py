@@ -5,8 +5,8 @@ H200 profile of 2026-12-06 put the 37 pairs of a mid-v4 step at 380 us).
 
 Here K is cut into chunks whose size comes from K alone; program (row tile, chunk) computes its
 [BM, all N] float32 partial with an IEEE dot (FMA over the chunk's K in order) and stores it, and
-the partials are added in a fixed order: for a linear, in chunk order by the row tile's last
-program (splitk.py); for hc_mix, by the Sinkhorn kernel (mhc.py). SUMSQ also stores each
+the partials are added in a fixed order by the kernel that needs the sum: splitk.py's for a
+linear (chunk order), the Sinkhorn kernel for hc_mix (mhc.py). SUMSQ also stores each
 row's partial sum of squares over the chunk (hc_mix's unweighted RMSNorm, folded in: the rows
 are never normalised in memory). The tile and the chunking never depend on M, so a row's bits
 never depend on the batch or on its place in it: batch-invariant in default mode too.
@@ -19,7 +19,6 @@ import triton.language as tl
 
 from shuili.platforms.nvidia import splitk
 from shuili.platforms.nvidia.common import cdiv, pow2
-from shuili.platforms.nvidia.splitk import finish_tile
 
 MAX_N = 64  # wider outputs go to the general GEMMs: one program holds all N columns
 BK = 64
@@ -29,12 +28,10 @@ TILE = (16, 128, 32, 4)
 
 
 @triton.jit
-def _partials_kernel(x_ptr, w_ptr, p_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, s_ym,
-                     SUMSQ: tl.constexpr, SUM: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+def _partials_kernel(x_ptr, w_ptr, p_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, SUMSQ: tl.constexpr,
                      NP: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     """p[chunk, row, :N] = x[row, chunk] @ w[:, chunk]^T, float32; SUMSQ: p[chunk, row, N] = the
-    chunk's sum of x^2. SUM: the row tile's last program stores y = the partials' sum (+ bias) in
-    chunk order (splitk.py)."""
+    chunk's sum of x^2."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     rok = rows < M
     cols = tl.arange(0, NP)
@@ -56,9 +53,6 @@ def _partials_kernel(x_ptr, w_ptr, p_ptr, cnt_ptr, b_ptr, y_ptr, M, N, K, KC, s_
     tl.store(part + cols[None, :], acc, mask=rok[:, None] & cok[None, :])
     if SUMSQ:
         tl.store(p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows.to(tl.int64) * s_pm + N, ss, mask=rok)
-    if SUM:
-        finish_tile(p_ptr, cnt_ptr, tl.program_id(0), b_ptr, y_ptr, rows, cols, rok[:, None] & cok[None, :], M,
-                    N, s_ym, SPLIT, HAS_BIAS)
 
 
 def supports(x: torch.Tensor, n: int) -> bool:
@@ -72,7 +66,9 @@ def chunk(k: int, tile: tuple[int, int, int, int] = TILE) -> int:
     return max(min_kc, cdiv(cdiv(k, chunks), BK) * BK)
 
 
-def _launch(x, w, sumsq, bias, y, tile):
+def partials(x: torch.Tensor, w: torch.Tensor, sumsq: bool = False, tile=None) -> torch.Tensor:
+    """x [M, K] (any float dtype, read as float32; unit stride along K), w float32 [N, K] ->
+    float32 partials [chunks, M, N (+1 with sumsq)]. tile: (BM, MIN_KC, CHUNKS, warps), TILE if None."""
     m, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or n > MAX_N:
@@ -80,32 +76,17 @@ def _launch(x, w, sumsq, bias, y, tile):
     if x.stride(1) != 1:
         x = x.contiguous()
     w = w.float().contiguous()
-    tile = tile or TILE
-    bm, warps = tile[0], tile[3]
+    bm, _, _, warps = tile = tile or TILE
     kc = chunk(k, tile)
     s = cdiv(k, kc)
     p = torch.empty(s, m, n + int(sumsq), dtype=torch.float32, device=x.device)
-    if not m:
-        return p
-    cnt = splitk.counters(x.device, cdiv(m, bm)) if y is not None else None
-    out = y if y is not None else p
-    _partials_kernel[(cdiv(m, bm), s)](x, w, p, cnt if cnt is not None else p, bias if bias is not None else p,
-                                       out, m, n, k, kc, x.stride(0), w.stride(0), p.stride(1), p.stride(0),
-                                       out.stride(0), SUMSQ=sumsq, SUM=cnt is not None, HAS_BIAS=bias is not None,
-                                       SPLIT=s, NP=pow2(n, 16), BM=bm, BK=BK, num_warps=warps)
-    if y is not None and cnt is None:
-        splitk.split_sum(p, bias, y)
+    if m:
+        _partials_kernel[(cdiv(m, bm), s)](x, w, p, m, n, k, kc, x.stride(0), w.stride(0), p.stride(1),
+                                           p.stride(0), SUMSQ=sumsq, NP=pow2(n, 16), BM=bm, BK=BK,
+                                           num_warps=warps)
     return p
 
 
-def partials(x: torch.Tensor, w: torch.Tensor, sumsq: bool = False, tile=None) -> torch.Tensor:
-    """x [M, K] (any float dtype, read as float32; unit stride along K), w float32 [N, K] ->
-    float32 partials [chunks, M, N (+1 with sumsq)]. tile: (BM, MIN_KC, CHUNKS, warps), TILE if None."""
-    return _launch(x, w, sumsq, None, None, tile)
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, tile=None) -> torch.Tensor:
-    """y [M, N] = x @ w^T (+ bias), x and w float32: the partials' sum in chunk order, by each row
-    tile's last program."""
-    _launch(x, w, False, bias, y, tile)
-    return y
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    """y [M, N] = x @ w^T (+ bias), x and w float32: the partials, then their sum in chunk order."""
+    return splitk.split_sum(partials(x, w), bias, y)
