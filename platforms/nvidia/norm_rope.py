@@ -99,9 +99,10 @@ def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False):
 @triton.jit
 def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF, eps,
                      BLOCK: tl.constexpr, HP: tl.constexpr, HAS_W: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Row (t, h) of x [T, H, D]: _rms_kernel's norm (the same reduction, so the same bits), stored
-    rounded to y's dtype, then _rope_kernel's rotation of the last R channels from those rounded
-    values: the two ops' bits in one launch. The rope channels are normalised again from their own
+    """Row (t, h) of x [T, H, D] (16-bit): _rms_kernel's norm (the same reduction, so the same bits),
+    stored rounded to y's dtype, then _rope_kernel's rotation of the last R channels from those
+    rounded values: the two ops' bits in one launch (checked on an H100 for bf16 rows; float32 rows
+    take the two kernels, see rms_norm_rope). The rope channels are normalised again from their own
     loads (elementwise, the same expression), so no value crosses threads."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
@@ -138,14 +139,25 @@ def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HA
 
 def rms_norm_rope(x, weight, eps, positions, cos, sin, rope_dim, interleaved=True):
     t, d, half = check_rope_args(x, cos, sin, rope_dim)
-    h = x.shape[1]
     if weight is not None and weight.shape != (d,):
         raise ValueError(f"rms_norm_rope: weight {tuple(weight.shape)} must be [{d}] (the head dim)")
+    if x.dtype == torch.float32:
+        # float32 rows are not rounded between the norm and the rotation, so the compiler sees the
+        # normalised values as products and fuses the rotation's other product into an FMA (sm_90,
+        # Triton 3.6: a s + b c became fma(b, c, a s), rope's is fma(a, s, b c)); the two kernels
+        # keep rope's bits (a GPU run of 2026-12-07 found the one-launch kernel off in float32 only)
+        return rope(rms_norm(x, weight, eps), positions, cos, sin, rope_dim, interleaved)
+    return _fused(x, weight, eps, positions, cos, sin, rope_dim, interleaved)
+
+
+def _fused(x, weight, eps, positions, cos, sin, rope_dim, interleaved):
+    t, h, d = x.shape
     x = x.contiguous()
     y = torch.empty_like(x)
     if t * h:
         _rms_rope_kernel[(t * h,)](x, weight if weight is not None else x, y, positions.contiguous(),
-                                   cos.float().contiguous(), sin.float().contiguous(), h, d, rope_dim, half,
-                                   float(eps), BLOCK=pow2(d), HP=pow2(half), HAS_W=weight is not None,
-                                   INTERLEAVED=interleaved, num_warps=4 if d <= 4096 else 8)
+                                   cos.float().contiguous(), sin.float().contiguous(), h, d, rope_dim,
+                                   rope_dim // 2, float(eps), BLOCK=pow2(d), HP=pow2(rope_dim // 2),
+                                   HAS_W=weight is not None, INTERLEAVED=interleaved,
+                                   num_warps=4 if d <= 4096 else 8)
     return y

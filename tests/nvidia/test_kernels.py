@@ -118,7 +118,8 @@ def test_rope(device, interleaved, inverse, rope_dim, d):
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("h,d,rope_dim,weighted", [(16, 512, 64, False), (1, 512, 64, True), (3, 96, 96, True)])
 def test_rms_norm_rope(device, dtype, interleaved, h, d, rope_dim, weighted):
-    """One launch, the bits of rms_norm then rope on this platform; the reference's values."""
+    """The bits of rms_norm then rope on this platform (one launch for 16-bit rows); the reference's
+    values."""
     half = rope_dim // 2
     ang = torch.arange(64, dtype=torch.float64)[:, None] / 10000 ** (torch.arange(half) * 2 / rope_dim)
     cos, sin = ang.cos().float(), ang.sin().float()
@@ -132,6 +133,9 @@ def test_rms_norm_rope(device, dtype, interleaved, h, d, rope_dim, weighted):
     assert got.dtype == dtype and got.shape == x.shape and torch.equal(got, two)
     want = REF["rms_norm_rope"](x.float(), w, 1e-6, pos, cos, sin, rope_dim, interleaved)
     assert rel(got, want) < TOL[dtype]
+    if common.interpreting():  # the one-launch kernel (16-bit rows on the GPU) on float32 rows: its logic
+        one = norm_rope._fused(xd, wd, 1e-6, pd, cd, sd, rope_dim, interleaved)
+        assert torch.equal(one, two)
 
 
 # --------------------------------------------------------------------------------------- GEMMs
