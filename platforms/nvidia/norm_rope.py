@@ -53,6 +53,20 @@ def add_rms_norm(x, residual, weight, eps):
 
 
 @triton.jit
+def _pairs(D, R, HALF, HP: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """(i, i < HALF, channel a, channel b) of the rotation's HP (padded) pairs in the last R of D
+    channels: (2i, 2i + 1) interleaved, else (i, i + HALF), offset by D - R."""
+    i = tl.arange(0, HP)
+    if INTERLEAVED:
+        ia = D - R + 2 * i
+        ib = ia + 1
+    else:
+        ia = D - R + i
+        ib = ia + HALF
+    return i, i < HALF, ia, ib
+
+
+@triton.jit
 def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF, HP: tl.constexpr,
                  BH: tl.constexpr, BD: tl.constexpr, INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
@@ -63,14 +77,7 @@ def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF, HP: tl.
     c = tl.arange(0, BD)
     keep = hok[:, None] & (c[None, :] < D - R)
     tl.store(obase + c[None, :], tl.load(base + c[None, :], mask=keep), mask=keep)
-    i = tl.arange(0, HP)
-    iok = i < HALF
-    if INTERLEAVED:
-        ia = D - R + 2 * i
-        ib = ia + 1
-    else:
-        ia = D - R + i
-        ib = ia + HALF
+    i, iok, ia, ib = _pairs(D, R, HALF, HP, INTERLEAVED)
     p = tl.load(pos_ptr + t)
     cs = tl.load(cos_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
     sn = tl.load(sin_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
@@ -115,14 +122,7 @@ def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HA
         y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
     keep = c < D - R
     tl.store(y_ptr + row * D + c, y.to(y_ptr.dtype.element_ty), mask=keep)
-    i = tl.arange(0, HP)
-    iok = i < HALF
-    if INTERLEAVED:
-        ia = D - R + 2 * i
-        ib = ia + 1
-    else:
-        ia = D - R + i
-        ib = ia + HALF
+    i, iok, ia, ib = _pairs(D, R, HALF, HP, INTERLEAVED)
     a = tl.load(x_ptr + row * D + ia, mask=iok, other=0.0).to(tl.float32) * rstd
     b = tl.load(x_ptr + row * D + ib, mask=iok, other=0.0).to(tl.float32) * rstd
     if HAS_W:
