@@ -82,8 +82,9 @@ class DSpark:
         cos, sin = m.rope[False]
         pos = batch.positions.long()
         for k, blk in enumerate(self.w.blocks):
-            kv = ops.rms_norm(ops.linear(x, blk.attn.kv_proj), blk.attn.kv_norm, eps).view(-1, 1, d)
-            kv = m._fake_quant(ops.rope(kv, pos, cos, sin, r).reshape(-1, d), "mxfp8")
+            kv = ops.rms_norm_rope(ops.linear(x, blk.attn.kv_proj).view(-1, 1, d), blk.attn.kv_norm, eps, pos,
+                                   cos, sin, r)
+            kv = m._fake_quant(kv.reshape(-1, d), "mxfp8")
             m._store(m.caches["swa_kv"][self.layer0 + k], batch.slot_mapping["swa_kv"], kv, cfg.window_kv_format)
 
     # ------------------------------------------------------------------ one block per request
@@ -137,8 +138,9 @@ class DSpark:
         cos, sin = m.rope[False]
         qr = ops.rms_norm(ops.linear(x, p.q_a), p.q_a_norm, cfg.rms_norm_eps)
         q = ops.rope(ops.linear(qr, p.q_b).view(T, H, d), pos, cos, sin, r)
-        kv = ops.rms_norm(ops.linear(x, p.kv_proj), p.kv_norm, cfg.rms_norm_eps).view(T, 1, d)
-        kv = m._fake_quant(ops.rope(kv, pos, cos, sin, r).reshape(T, d), "mxfp8")  # the block's rows, unstored
+        kv = ops.rms_norm_rope(ops.linear(x, p.kv_proj).view(T, 1, d), p.kv_norm, cfg.rms_norm_eps, pos, cos,
+                               sin, r)
+        kv = m._fake_quant(kv.reshape(T, d), "mxfp8")  # the block's rows, unstored
         kvs = [m.caches["swa_kv"][layer], kv]
         o = ops.sparse_attention(q, kvs, [ctx_idx, blk_idx], d ** -0.5, p.sinks, [cfg.window_kv_format, "none"])
         o = ops.rope(o, pos, cos, sin, r, inverse=True)
