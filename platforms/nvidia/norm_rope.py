@@ -11,6 +11,22 @@ from shuili.platforms.reference.public import check_rope_args
 
 
 @triton.jit
+def _rstd(xf, D, eps):
+    """1 / rms of a row's float32 values xf [BLOCK] (zeros past D)."""
+    return 1.0 / tl.sqrt_rn(tl.sum(xf * xf, axis=0) / D + eps)
+
+
+@triton.jit
+def _normed(xf, rstd, w_ptr, off, ok, HAS_W: tl.constexpr):
+    """The norm's per-element value at channels off: xf * rstd, times the weight. One expression for
+    rms_norm and rms_norm_rope, whose bits must agree."""
+    y = xf * rstd
+    if HAS_W:
+        y = y * tl.load(w_ptr + off, mask=ok, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _rms_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, D, eps, BLOCK: tl.constexpr,
                 HAS_W: tl.constexpr, HAS_R: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -21,10 +37,8 @@ def _rms_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, D, eps, BLOCK: tl.constexpr,
         x = x + tl.load(r_ptr + row * D + c, mask=ok, other=0.0)
         tl.store(s_ptr + row * D + c, x, mask=ok)
     xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt_rn(tl.sum(xf * xf, axis=0) / D + eps)
-    y = xf * rstd
-    if HAS_W:
-        y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    rstd = _rstd(xf, D, eps)
+    y = _normed(xf, rstd, w_ptr, c, ok, HAS_W)
     tl.store(y_ptr + row * D + c, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
@@ -116,18 +130,15 @@ def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HA
     ok = c < D
     x = tl.load(x_ptr + row * D + c, mask=ok, other=0.0)
     xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt_rn(tl.sum(xf * xf, axis=0) / D + eps)
-    y = xf * rstd
-    if HAS_W:
-        y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    rstd = _rstd(xf, D, eps)
+    y = _normed(xf, rstd, w_ptr, c, ok, HAS_W)
     keep = c < D - R
     tl.store(y_ptr + row * D + c, y.to(y_ptr.dtype.element_ty), mask=keep)
     i, iok, ia, ib = _pairs(D, R, HALF, HP, INTERLEAVED)
-    a = tl.load(x_ptr + row * D + ia, mask=iok, other=0.0).to(tl.float32) * rstd
-    b = tl.load(x_ptr + row * D + ib, mask=iok, other=0.0).to(tl.float32) * rstd
-    if HAS_W:
-        a = a * tl.load(w_ptr + ia, mask=iok, other=0.0).to(tl.float32)
-        b = b * tl.load(w_ptr + ib, mask=iok, other=0.0).to(tl.float32)
+    xa = tl.load(x_ptr + row * D + ia, mask=iok, other=0.0).to(tl.float32)
+    xb = tl.load(x_ptr + row * D + ib, mask=iok, other=0.0).to(tl.float32)
+    a = _normed(xa, rstd, w_ptr, ia, iok, HAS_W)
+    b = _normed(xb, rstd, w_ptr, ib, iok, HAS_W)
     a = a.to(y_ptr.dtype.element_ty).to(tl.float32)
     b = b.to(y_ptr.dtype.element_ty).to(tl.float32)
     p = tl.load(pos_ptr + row // H)
