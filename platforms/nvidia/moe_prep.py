@@ -78,7 +78,7 @@ def _widths(e: int) -> tuple[int, int]:
     """(groups padded to a power of two, rows or tiles per chunk): [chunk, groups] tiles of about
     TILE_VALUES values."""
     ep = pow2(e, 2)
-    return ep, max(16, min(max(128, TILE_VALUES // 32), TILE_VALUES // ep))
+    return ep, max(16, min(TILE_VALUES // 32, TILE_VALUES // ep))  # at most the 32-group chunk
 
 
 def group_tiles(group_sizes: torch.Tensor, m: int, bm: int):

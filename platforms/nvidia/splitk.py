@@ -5,9 +5,9 @@ adds them in chunk order (0, 1, ...) with the bias, so an element's sum order ne
 Done by each tile's last-arriving program instead (an arrival counter per tile, a CTA barrier
 and one acq_rel atomic), the sum removed 85 launches from a mid-v4 decode step but made each
 linear slower, not faster: on an H100 (2026-12-07, benchmarks/nvidia_skinny.py at commit
-bccd30d, CUDA-graph replay at M = 64, fp8_block128) 12.32 against 12.00 us for 512x2048, 27.30 against 26.72 for 4096x4096: the
-last program's serial sum sits on the GEMM's critical path where this kernel's many programs
-add in parallel. So the sum stays a launch of its own (docs/performance.md).
+bccd30d, CUDA-graph replay at M = 64, fp8_block128) 12.32 against 12.00 us for 512x2048, 27.30
+against 26.72 for 4096x4096: the last program's serial sum sits on the GEMM's critical path
+where this kernel's many programs add in parallel. So the sum stays a launch of its own (docs/performance.md).
 """
 from __future__ import annotations
 
