@@ -366,8 +366,9 @@ if __name__ == "__main__":
     ap.add_argument("--moe-once", type=int, default=0, metavar="T",
                     help="only three plain calls of the MoE at T tokens (mxfp4, default mode), for a "
                     "profiler: ncu --launch-skip 2 --launch-count 2 takes the second call's two GEMMs")
-    ap.add_argument("--moe-candidates", default="", help="with --sweep-moe: 'BN,BK,warps,stages[,maxnreg];...' "
-                    "in place of the built-in list, each against qgemm.MOE_TILES' chosen pair")
+    ap.add_argument("--moe-candidates", default="", help="with --sweep-moe: "
+                    "'BN,BK,warps,stages[,maxnreg];...' in place of the built-in list, each against "
+                    "qgemm.MOE_TILES' chosen pair")
     ap.add_argument("--prep-sweep", action="store_true", help="only moe_prep at mid-v4's routing (T64, "
                     "E32, top-6): moe_prep.TILE_VALUES x PREP_WARPS, CUDA-graph replay")
     ap.add_argument("--asm-ab", action="store_true", help="only the mxfp4 decodes: inline PTX vs float32")

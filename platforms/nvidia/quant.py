@@ -379,7 +379,8 @@ def pack(x: torch.Tensor, fmt: str, out: torch.Tensor, slots: torch.Tensor | Non
         src = src.contiguous()
     _quantize_kernel[(triton.cdiv(n, rows),)](src, out, slots if slots is not None else out, n, src.stride(0),
                                               D=d, G=group, FMT=FORMAT_ID[fmt],
-                                              ROW_BYTES=bytes_per_row(fmt, d), ROWS=rows, SLOTS=slots is not None)
+                                              ROW_BYTES=bytes_per_row(fmt, d), ROWS=rows,
+                                              SLOTS=slots is not None)
 
 
 def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:

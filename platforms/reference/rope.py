@@ -77,7 +77,8 @@ def composed_rms_norm_rope(rms_norm: Callable, rope: Callable) -> Callable:
     platform's without a fused kernel)."""
 
     def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor,
-                      cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, interleaved: bool = True) -> torch.Tensor:
+                      cos: torch.Tensor, sin: torch.Tensor, rope_dim: int,
+                      interleaved: bool = True) -> torch.Tensor:
         check_rope_args(x, cos, sin, rope_dim)
         return rope(rms_norm(x, weight, eps), positions, cos, sin, rope_dim, interleaved)
 

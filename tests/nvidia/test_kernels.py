@@ -116,7 +116,8 @@ def test_rope(device, interleaved, inverse, rope_dim, d):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", [True, False])
-@pytest.mark.parametrize("h,d,rope_dim,weighted", [(16, 512, 64, False), (1, 512, 64, True), (3, 96, 96, True)])
+@pytest.mark.parametrize("h,d,rope_dim,weighted",
+                         [(16, 512, 64, False), (1, 512, 64, True), (3, 96, 96, True)])
 def test_rms_norm_rope(device, dtype, interleaved, h, d, rope_dim, weighted):
     """The bits of rms_norm then rope on this platform (one launch for 16-bit rows); the reference's
     values."""
@@ -620,8 +621,8 @@ def test_kv_write(device, fmt, d, dtype):
 def test_kv_write_checks_the_cache(device):
     rows = rnd(2, 64).to(device)
     with pytest.raises(ValueError, match=r"kv_write: a mxfp8 cache of 64-wide rows is contiguous uint8"):
-        misc.kv_write(torch.zeros(1, 4, 64, dtype=torch.uint8, device=device), torch.tensor([0, 1], device=device),
-                      rows, "mxfp8")
+        misc.kv_write(torch.zeros(1, 4, 64, dtype=torch.uint8, device=device),
+                      torch.tensor([0, 1], device=device), rows, "mxfp8")
 
 
 # ---------------------------------------------------- float32 linears of few columns (skinny.py)

@@ -14,7 +14,8 @@ def test_kv_write_is_quantize_then_write(fmt, d):
     slots = torch.tensor([5, -1, 0, 31, -1, 12])
     rb = bytes_per_row(fmt, d) if fmt != "none" else d
     dtype = torch.uint8 if fmt != "none" else torch.float32
-    stale = (torch.randint(0, 256, (2, 16, rb), generator=g) if fmt != "none" else torch.randn(2, 16, rb)).to(dtype)
+    stale = torch.randint(0, 256, (2, 16, rb), generator=g) if fmt != "none" else torch.randn(2, 16, rb)
+    stale = stale.to(dtype)
     got, want = stale.clone(), stale.clone()
     OPS["kv_write"](got, slots, rows, fmt)
     vals = rows.to(dtype) if fmt == "none" else OPS["kv_quantize"](rows, fmt)
@@ -29,5 +30,6 @@ def test_kv_write_errors_name_the_fix():
     rows = torch.randn(2, 32)
     with pytest.raises(ValueError, match=r"kv_write: rows must be \[N, D\]"):
         OPS["kv_write"](torch.zeros(1, 4, 33, dtype=torch.uint8), torch.tensor([0]), rows[0], "mxfp8")
-    with pytest.raises(ValueError, match=r"kv_write: a mxfp8 cache holds packed uint8 rows.*allocate it as uint8"):
+    with pytest.raises(ValueError,
+                       match=r"kv_write: a mxfp8 cache holds packed uint8 rows.*allocate it as uint8"):
         OPS["kv_write"](torch.zeros(1, 4, 33), torch.tensor([0, 1]), rows, "mxfp8")

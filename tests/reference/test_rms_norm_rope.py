@@ -7,7 +7,8 @@ from shuili.platforms.reference.public import composed_rms_norm_rope
 
 
 def _tables(rope_dim, n=32):
-    ang = torch.arange(n, dtype=torch.float64)[:, None] / 10000 ** (torch.arange(rope_dim // 2) * 2 / rope_dim)
+    inv = 10000 ** (torch.arange(rope_dim // 2) * 2 / rope_dim)
+    ang = torch.arange(n, dtype=torch.float64)[:, None] / inv
     return ang.cos().float(), ang.sin().float()
 
 
@@ -32,4 +33,5 @@ def test_rms_norm_rope_checks_its_arguments():
     with pytest.raises(ValueError, match=r"rope takes x \[T, H, D\]"):
         OPS["rms_norm_rope"](torch.randn(4, 64), None, 1e-6, torch.zeros(4, dtype=torch.long), cos, sin, 16)
     with pytest.raises(ValueError, match=r"cos/sin tables have 8 columns, expected rope_dim/2 = 16"):
-        OPS["rms_norm_rope"](torch.randn(4, 1, 64), None, 1e-6, torch.zeros(4, dtype=torch.long), cos, sin, 32)
+        OPS["rms_norm_rope"](torch.randn(4, 1, 64), None, 1e-6, torch.zeros(4, dtype=torch.long), cos, sin,
+                             32)
