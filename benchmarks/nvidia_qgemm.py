@@ -11,6 +11,7 @@ over the 4.8 TB/s datasheet rate. Each shape is checked against a float32 torch 
     python benchmarks/nvidia_qgemm.py [--json out.json] [--sweep] [--quick]
     python benchmarks/nvidia_qgemm.py --sweep-moe | --moe-ab    (MoE tile knobs, qgemm.MOE_TILES)
     python benchmarks/nvidia_qgemm.py --asm-ab                  (mxfp4 decode: inline PTX vs float32)
+    python benchmarks/nvidia_qgemm.py --scale-ab                (mxfp4 scales: row- vs K-group-major)
     ncu ... python benchmarks/nvidia_qgemm.py --moe-once 64     (one MoE shape, three calls, for a profiler)
 """
 from __future__ import annotations
@@ -322,6 +323,43 @@ def asm_ab(ts=(1, 16, 64, 256), ms=(1, 64, 256)):
               f"same bits: {same}", flush=True)
 
 
+def kgroup_major(w: Weight) -> Weight:
+    """The same mxfp4 weight with its scales stored K-group-major ([..., K/32, N], seen as
+    [..., N, K/32]): a K step's scale bytes of BN rows lie in one run, not a sector per row."""
+    return Weight(w.format, w.data, w.scale.transpose(-1, -2).contiguous().transpose(-1, -2), w.shape)
+
+
+def scale_ab(ts=(1, 16, 64, 256), ms=(1, 64, 256)):
+    """mxfp4 with row-major scales (as loaded) against K-group-major scales (kgroup_major): the
+    same bits are required, then each is timed, alternating, best of two. MoE (default and
+    batch-invariant mode) and the 4096 x 4096 linear."""
+    cases = []
+    ws = mxfp4_moe_weights()
+    wp = [(kgroup_major(a), kgroup_major(b)) for a, b in ws]
+    for t in ts:
+        x, ids, wts = moe_inputs(t)
+        for bi in (False, True):
+            cases.append((f"moe T{t}{' BI' if bi else ''}", [
+                [lambda p=p, x=x, ids=ids, wts=wts, bi=bi:
+                 gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0, batch_invariant=bi) for p in w] for w in (ws, wp)]))
+    lw = copies(lambda: rand_weight("mxfp4", (4096, 4096)), 4096 * 4096)
+    lp = [kgroup_major(w) for w in lw]
+    for m in ms:
+        x = torch.randn(m, 4096, device=DEV, dtype=BF)
+        for bi in (False, True):
+            cases.append((f"linear M{m} N4096 K4096{' BI' if bi else ''}", [
+                [lambda w=w, x=x, bi=bi: gemm.linear(x, w, batch_invariant=bi) for w in ww] for ww in (lw, lp)]))
+    for name, (rowm, kgm) in cases:
+        same = torch.equal(rowm[0]().view(torch.int16), kgm[0]().view(torch.int16))
+        res = {0: [], 1: []}
+        for _ in range(2):
+            for i, calls in enumerate((rowm, kgm)):
+                res[i].append(graph_time(calls))
+        r, k = min(res[0]), min(res[1])
+        print(f"scale-ab {name:<26} row-major {r * 1e6:7.1f} us, K-group-major {k * 1e6:7.1f} us, "
+              f"{r / k:5.2f}x, same bits: {same}", flush=True)
+
+
 def table(res) -> str:
     out = [f"copy rate {res['copy_GBps']:.0f} GB/s (read+write); graph-replay medians, us",
            f"{'op':<12} {'shape':<26} {'fmt':<6} {'BI':<3} {'new':>7} {'old':>7} {'bf16':>7} {'floor':>6} "
@@ -372,6 +410,7 @@ if __name__ == "__main__":
     ap.add_argument("--prep-sweep", action="store_true", help="only moe_prep at mid-v4's routing (T64, "
                     "E32, top-6): moe_prep.TILE_VALUES x PREP_WARPS, CUDA-graph replay")
     ap.add_argument("--asm-ab", action="store_true", help="only the mxfp4 decodes: inline PTX vs float32")
+    ap.add_argument("--scale-ab", action="store_true", help="only mxfp4 scales: row-major vs K-group-major")
     ap.add_argument("--quick", action="store_true", help="two linear shapes, M in 1, 64, 256")
     ap.add_argument("--no-bi", action="store_true")
     a = ap.parse_args()
@@ -389,6 +428,9 @@ if __name__ == "__main__":
     bw = copy_rate()
     if a.asm_ab:
         asm_ab()
+        raise SystemExit(0)
+    if a.scale_ab:
+        scale_ab()
         raise SystemExit(0)
     if a.sweep_moe or a.moe_ab:
         cands = [tuple(int(v) for v in c.split(",")) for c in a.moe_candidates.split(";") if c]

@@ -90,7 +90,7 @@ def _to_bf16(v):
 
 
 @triton.jit
-def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN: tl.constexpr,
+def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, s_sg, BN: tl.constexpr,
                 BK: tl.constexpr, BF16: tl.constexpr):
     """Weight tile of an mxfp4 weight (float32, exact; BF16: bf16 by quant.e2m1_bf16_x8, GPU only)
     as its even-K and odd-K halves [BN, BK / 2] (low and high nibbles). The bytes load as int32 words
@@ -103,7 +103,7 @@ def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN
     gok = cok[:, None] & (gk < k_hi)[None, :]  # [BN, G]
     off = e * (s_we // 4) + cols[:, None, None] * (s_wn // 4) + (gk // 8)[None, :, None] + jj[None, None, :]
     word = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + off, mask=gok[:, :, None], other=0)  # [BN, G, 4]
-    sb = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :], mask=gok, other=127)
+    sb = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :] * s_sg, mask=gok, other=127)
     if BF16:
         pair = tl.broadcast_to(e8m0_bf16_pair(sb.to(tl.int32))[:, :, None], (BN, G, 4))
         lo, hi = e2m1_bf16_x8(word, pair)  # [BN, G, 4, 4] each
@@ -144,7 +144,7 @@ def _dot(acc, a, al, w, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.conste
 
 @triton.jit
 def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
-            FMT: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr,
+            s_sg, FMT: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr,
             NATIVE_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
             EVEN_ODD: tl.constexpr, ASM_E2M1: tl.constexpr):
     """acc + a @ W[e, cols, k0:k0+BK]^T (al: a's lo part, see _dot). EVEN_ODD (mxfp4): as
@@ -156,12 +156,12 @@ def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, 
     if FMT == 1:
         kk = k0 + tl.arange(0, BK)
         w = _fp8_tile(w_ptr, e, cols, cok, kk, kk < k_hi, s_we, s_wn, NATIVE_FP8).to(wt)
-        sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + k0 // 128, mask=cok, other=0.0)
+        sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + (k0 // 128) * s_sg, mask=cok, other=0.0)
         part = _dot(tl.zeros([BM, BN], tl.float32), a, al, w, F32, HILO, PLANES)
         out = acc + part * sc[None, :]
     else:
         asm: tl.constexpr = wt == tl.bfloat16 and ASM_E2M1
-        lo, hi = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, BN, BK, asm)
+        lo, hi = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, s_sg, BN, BK, asm)
         if wt == tl.bfloat16 and not asm:
             lo = _to_bf16(lo)
             hi = _to_bf16(hi)
@@ -176,7 +176,7 @@ def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, 
 # ------------------------------------------------------------------------------------------ kernel
 @triton.jit
 def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_ptr, t0_ptr, t1_ptr,
-                  M, N, K, KC, UP, TOPK, s_xm, s_ym, s_we, s_wn, s_se, s_sn, s_plane, limit,
+                  M, N, K, KC, UP, TOPK, s_xm, s_ym, s_we, s_wn, s_se, s_sn, s_sg, s_plane, limit,
                   FMT: tl.constexpr, GROUPED: tl.constexpr, X_IDX: tl.constexpr, Y_IDX: tl.constexpr,
                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr,
                   F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr, NATIVE_FP8: tl.constexpr,
@@ -234,10 +234,10 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
             if HILO and PLANES:
                 ale, alo = tl.split(tl.reshape(al, (BM, BK // 2, 2)))
         acc = _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se,
-                      s_sn, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD, ASM_E2M1)
+                      s_sn, s_sg, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD, ASM_E2M1)
         if SWIGLU:
             acc_u = _k_step(acc_u, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols + UP, cok, k0, k_hi, s_we,
-                            s_wn, s_se, s_sn, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD,
+                            s_wn, s_se, s_sn, s_sg, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD,
                             ASM_E2M1)
     ok = rok[:, None] & cok[None, :]
     if SPLIT > 1:
@@ -286,17 +286,19 @@ def supports(w: Weight) -> bool:
 
 
 def _weight_args(w: Weight, grouped: bool):
-    """(data, scale, expert stride, row stride, scale expert stride, scale row stride)."""
+    """(data, scale, expert stride, row stride, scale expert stride, scale row stride, scale group
+    stride). The scale is read through its strides, so a scale in another layout (mxfp4's
+    K-group-major, a [E, K/32, N] tensor seen as [E, N, K/32]) needs no copy."""
     data = as_u8(w.data).contiguous()
     if w.format == "mxfp4" and data.data_ptr() % 4:
         data = data.clone()  # the kernel reads 4-byte words (a view at an odd offset)
     if grouped and data.dim() != 3:
         raise ValueError(f"grouped weights are [E, N, ...]; got data {tuple(data.shape)}")
-    scale = w.scale.contiguous()
+    scale = w.scale
     if w.format == "fp8_block128" and scale.dtype != torch.float32:
         scale = scale.float()
     return (data, scale, data.stride(0) if grouped else 0, data.stride(-2),
-            scale.stride(0) if grouped else 0, scale.stride(-2))
+            scale.stride(0) if grouped else 0, scale.stride(-2), scale.stride(-1))
 
 
 def tiles_for(m: int, fmt: str, batch_invariant: bool) -> tuple[int, int, int]:
@@ -330,7 +332,7 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
     m, k = x.shape[0], w.shape[-1]
     grouped = tiles is not None
     n = w.shape[-2] // 2 if swiglu else w.shape[-2]
-    data, scale, s_we, s_wn, s_se, s_sn = _weight_args(w, grouped)
+    data, scale, s_we, s_wn, s_se, s_sn, s_sg = _weight_args(w, grouped)
     bm0, bn, bk = tiles_for(m, w.format, batch_invariant)
     bm = bm or bm0
     warps, stages = NUM_WARPS or (4 if bm <= 16 else 8), NUM_STAGES or (4 if bm <= 16 else 3)
@@ -364,7 +366,7 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
     _qgemm_kernel[(nt, cdiv(n, bn), split)](
         x, xi if xi is not None else x, data, scale, bias if bias is not None else x, out,
         yi if yi is not None else x, yw if yw is not None else x, te, t0, t1,
-        m, n, k, kc, n, topk, x.stride(0), y.stride(0), s_we, s_wn, s_se, s_sn, plane,
+        m, n, k, kc, n, topk, x.stride(0), y.stride(0), s_we, s_wn, s_se, s_sn, s_sg, plane,
         float(limit) if limit is not None else 0.0,
         FMT=FMT_ID[w.format], GROUPED=grouped, X_IDX=xi is not None, Y_IDX=yi is not None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,

@@ -294,3 +294,29 @@ def test_qmoe_tile_overrides(device, fmt, tile, monkeypatch):
     seen.clear()
     gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=True)  # fixed tiles in this mode
     assert seen == [None, None]
+
+
+def _kgroup_major(w: Weight) -> Weight:
+    return Weight(w.format, w.data, w.scale.transpose(-1, -2).contiguous().transpose(-1, -2), w.shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bi", [False, True])
+def test_mxfp4_scales_read_through_their_strides(device, dtype, bi):
+    """The kernels read mxfp4 scales through their strides: K-group-major scales ([E, K/32, N]
+    seen as [E, N, K/32], the layout benchmarks/nvidia_qgemm.py --scale-ab times) give the same
+    bits as the loaded row-major ones, in the MoE and the linear."""
+    t, e, k, d, inter = 21, 6, 3, 64, 96
+    ids = torch.stack([torch.randperm(e, generator=g(230 + i))[:k] for i in range(t)]).to(device)
+    wts = torch.softmax(rnd(t, k, seed=56), -1).to(device)
+    w13 = on(weight("mxfp4", (e, 2 * inter, d), seed=57), device, dtype)
+    w2 = on(weight("mxfp4", (e, d, inter), seed=58), device, dtype)
+    p13, p2 = _kgroup_major(w13), _kgroup_major(w2)
+    assert p2.scale.stride() == (inter // 32 * d, 1, d) and torch.equal(p2.scale, w2.scale)
+    x = rnd(t, d, seed=59).to(device, dtype)
+    want = gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=bi)
+    assert torch.equal(gemm.moe_experts(x, ids, wts, p13, p2, 1.5, batch_invariant=bi), want)
+    lw = on(weight("mxfp4", (72, 320), seed=60), device, dtype)
+    xl = rnd(5, 320, seed=61).to(device, dtype)
+    assert torch.equal(gemm.linear(xl, _kgroup_major(lw), None, batch_invariant=bi),
+                       gemm.linear(xl, lw, None, batch_invariant=bi))
