@@ -123,6 +123,16 @@ def gen_linear(rng: Rng, fmt: str = "dense", **_) -> Case:
     return case
 
 
+def gen_block_diagonal_linear(rng: Rng, fmt: str = "dense", **_) -> Case:
+    # K up to 1280: long enough that the GPU's grouped GEMM splits it (its split-K sum included)
+    t, g, k, n = rng.size(), rng.int(1, 4), 32 * rng.int(1, 40), rng.int(1, 96)
+    w = make_weight(rng, fmt, (g, n, k))
+    case = Case("block_diagonal_linear", 0, {"x": rng.normal(t, g * k), "w": w}, ("x", "w"), t,
+                params={"T": t, "G": g, "K": k, "N": n, "format": fmt})
+    case.split = _rows({"x": 0})(case)
+    return case
+
+
 def gen_grouped_linear(rng: Rng, fmt: str = "dense", **_) -> Case:
     e, k, n = rng.int(1, 6), 32 * rng.int(1, 4), rng.int(1, 96)
     sizes = torch.tensor([rng.choice([0, 1, 2, 5, 9, 17]) for _ in range(e)], dtype=torch.int64)
@@ -652,7 +662,8 @@ GENERATORS: dict[str, Callable[..., Case]] = {
 }
 # ops whose cases vary by a format argument: (kind, default formats when the platform lists none)
 FORMAT_AXES = {
-    "linear": WEIGHT_FORMATS, "grouped_linear": WEIGHT_FORMATS, "moe_experts": WEIGHT_FORMATS,
+    "linear": WEIGHT_FORMATS, "grouped_linear": WEIGHT_FORMATS, "block_diagonal_linear": WEIGHT_FORMATS,
+    "moe_experts": WEIGHT_FORMATS,
     "kv_quantize": KV_FORMATS, "kv_dequantize": KV_FORMATS, "kv_write": KV_FORMATS,
 }
 assert set(GENERATORS) == set(OP_NAMES), sorted(set(OP_NAMES) ^ set(GENERATORS))

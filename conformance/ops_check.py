@@ -216,6 +216,17 @@ def _linear_scale(kw: dict) -> list[torch.Tensor]:
     return [mag if kw.get("bias") is None else mag + kw["bias"].double().abs()]
 
 
+def _block_diagonal_scale(kw: dict) -> list[torch.Tensor]:
+    from shuili.platforms.reference.public import dequantize_weight
+
+    w = kw["w"]
+    wf = (w.data if w.format == "dense" else dequantize_weight(w)).double().abs()  # [G, N, K]
+    g, n, k = wf.shape
+    x = kw["x"].double().abs()
+    # [T, G*N]: block g's sum_k |x[t, g*K + k] * w[g, n, k]|
+    return [torch.einsum("tgk,gnk->tgn", x.view(x.shape[0], g, k), wf).reshape(x.shape[0], g * n)]
+
+
 def _moe_scale(kw: dict) -> list[torch.Tensor]:
     """[T, D]: the magnitudes an expert output's rounding error scales with. Per (token, slot):
     GEMM1's terms |W13| @ |x| carry into a = silu(g) * u through its slope (|u| silu'(g) +
@@ -243,7 +254,8 @@ def _moe_scale(kw: dict) -> list[torch.Tensor]:
 
 
 # ops whose outputs are dot products, with the magnitudes their rounding error scales with
-_SUM_SCALES: dict[str, Callable[[dict], list[torch.Tensor]]] = {"linear": _linear_scale, "moe_experts": _moe_scale}
+_SUM_SCALES: dict[str, Callable[[dict], list[torch.Tensor]]] = {
+    "linear": _linear_scale, "block_diagonal_linear": _block_diagonal_scale, "moe_experts": _moe_scale}
 
 
 def _sum_scales(op: str, kwargs: dict) -> list[torch.Tensor] | None:

@@ -75,6 +75,15 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor) -> tor
     """
 
 
+@_op("gemm", since="1.10")
+def block_diagonal_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """A linear whose weight is block diagonal, given as its G blocks. x [T, G*K]; W logical
+    [G, N, K] (formats as `linear`); y[:, g*N:(g+1)*N] = x[:, g*K:(g+1)*K] @ W[g]^T. Returns
+    [T, G*N] compute dtype. The values of `grouped_linear` over the rows regrouped by block (each
+    output element is the same sum): V4's grouped output projection, without regrouping copies.
+    """
+
+
 @_op("moe")
 def moe_experts(
     x: torch.Tensor,

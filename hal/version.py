@@ -12,7 +12,8 @@ a declared fallback).
 # 1.7: hc_mix (norm, mixing linear and Sinkhorn of a layer's mHC coefficients as one op);
 # 1.8: paged_slots (the block-table lookups of a step's window, compressed and state entries,
 # which were 14 torch kernels each); 1.9: kv_write (kv_quantize + cache_write, so new KV rows are
-# packed where they are stored) and rms_norm_rope (rms_norm + rope of a step's q / KV rows)
-HAL_API_VERSION = "1.9"
+# packed where they are stored) and rms_norm_rope (rms_norm + rope of a step's q / KV rows);
+# 1.10: block_diagonal_linear (V4's grouped output projection on its rows as they lie)
+HAL_API_VERSION = "1.10"
 HAL_API_MAJOR = int(HAL_API_VERSION.split(".")[0])
 HAL_API_MINOR = int(HAL_API_VERSION.split(".")[1])

@@ -170,8 +170,6 @@ class _Meta:
                 seq, ent, done = self._completed(b, ratio)
                 self.new[kind] = _new_entries(m.ops, b, kind, ratio, seq, ent, done)
                 self.pos_mod[ratio] = self.pos % ratio
-        # the o-projection's group sizes: every group holds all T rows
-        self.o_sizes = torch.full((cfg.o_groups,), len(self.pos), dtype=torch.int64, device=dev)
         self.hca_idx = None
         if cfg.layers_of("hca"):
             r = cfg.hca_ratio
@@ -372,10 +370,8 @@ class DeepseekV4Model:
                 fmts.append(cfg.compressed_kv_format)
         o = ops.sparse_attention(q, kvs, idxs, d ** -0.5, p.sink, fmts)
         o = ops.rope(o, pos, cos, sin, r, inverse=True)
-        G = cfg.o_groups
-        og = o.reshape(T, G, H * d // G).transpose(0, 1).reshape(G * T, H * d // G)
-        oa = ops.grouped_linear(og, p.wo_a, meta.o_sizes).view(G, T, -1).transpose(0, 1).reshape(T, -1)
-        return ops.linear(oa, p.wo_b)
+        # wo_a [G, o_lora_rank, H*d/G]: one block per group of heads
+        return ops.linear(ops.block_diagonal_linear(o.reshape(T, H * d), p.wo_a), p.wo_b)
 
     def _write(self, cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, fmt: str) -> None:
         self.ops.kv_write(cache, slots, rows, fmt)

@@ -334,11 +334,8 @@ class DeepseekV41Model:
                 fmts.append(cfg.compressed_kv_format)
         o = ops.sparse_attention(q, kvs, idxs, d ** -0.5, p.sinks, fmts)
         o = ops.rope(o, pos, cos, sin, r, inverse=True)
-        G = cfg.o_groups
-        og = o.reshape(T, G, H * d // G).transpose(0, 1).reshape(G * T, H * d // G)
-        sizes = torch.full((G,), T, dtype=torch.int64, device=x.device)
-        oa = ops.grouped_linear(og, p.o_a, sizes).view(G, T, -1).transpose(0, 1).reshape(T, -1)
-        return ops.linear(oa, p.o_b)
+        # o_a [G, o_lora_rank, H*d/G]: one block per group of heads
+        return ops.linear(ops.block_diagonal_linear(o.reshape(T, H * d), p.o_a), p.o_b)
 
     def _compress(self, c: Compressor, ix: Indexer, src: int, x: torch.Tensor, meta: _Meta) -> None:
         """Pool the entries source `src` completes this step; publish their indexer keys (from the

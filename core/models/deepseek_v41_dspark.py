@@ -144,11 +144,7 @@ class DSpark:
         kvs = [m.caches["swa_kv"][layer], kv]
         o = ops.sparse_attention(q, kvs, [ctx_idx, blk_idx], d ** -0.5, p.sinks, [cfg.window_kv_format, "none"])
         o = ops.rope(o, pos, cos, sin, r, inverse=True)
-        G = cfg.o_groups
-        og = o.reshape(T, G, H * d // G).transpose(0, 1).reshape(G * T, H * d // G)
-        sizes = torch.full((G,), T, dtype=torch.int64, device=x.device)
-        oa = ops.grouped_linear(og, p.o_a, sizes).view(G, T, -1).transpose(0, 1).reshape(T, -1)
-        return ops.linear(oa, p.o_b)
+        return ops.linear(ops.block_diagonal_linear(o.reshape(T, H * d), p.o_a), p.o_b)
 
     def _moe(self, p, x: torch.Tensor) -> torch.Tensor:
         ops, cfg = self.m.ops, self.dcfg

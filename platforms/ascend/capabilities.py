@@ -22,6 +22,7 @@ _KV_READ = (DtypeSupport(name="none"),) + _KV
 KERNELS = {
     "linear": ("torch matmul; 16-row tiles in batch-invariant mode", "split"),
     "grouped_linear": ("npu_grouped_matmul; per-expert 16-row tiles in batch-invariant mode", "split"),
+    "block_diagonal_linear": ("this table's grouped_linear on the rows regrouped by block", "split"),
     "moe_experts": ("npu_moe_init_routing_v2 + npu_grouped_matmul + npu_moe_token_unpermute", "split"),
     "rms_norm": ("npu_rms_norm", "row"),
     "add_rms_norm": ("npu_add_rms_norm; add + npu_rms_norm in batch-invariant mode", "split"),
@@ -56,7 +57,7 @@ KERNELS = {
     "all_gather": ("HCCL all_gather", "collective"),
     "all_to_all": ("HCCL all_to_all_single (rows copied)", "collective"),
 }
-_FORMATS = {"linear": _WEIGHTS, "grouped_linear": _WEIGHTS, "moe_experts": _WEIGHTS,
+_FORMATS = {"linear": _WEIGHTS, "grouped_linear": _WEIGHTS, "block_diagonal_linear": _WEIGHTS, "moe_experts": _WEIGHTS,
             "kv_quantize": _KV, "kv_dequantize": _KV, "kv_write": _KV_READ, "sparse_attention": _KV_READ,
             "indexer_topk": _KV_READ, "indexer_select": _KV_READ}
 

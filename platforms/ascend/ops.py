@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from shuili.hal.ops import OP_NAMES
 from shuili.platforms.ascend import attention, collectives, gemm, indexer, kv, norm_rope
 from shuili.platforms.ascend.host import on_host
-from shuili.platforms.reference.public import composed_hc_mix, composed_kv_write, composed_rms_norm_rope
+from shuili.platforms.reference.public import (composed_block_diagonal_linear, composed_hc_mix, composed_kv_write,
+                                               composed_rms_norm_rope)
 
 # no torch_npu op covers these (vllm-ascend samples with plain torch on 950, too)
 HOST_OPS = ("log_softmax", "apply_penalties", "sample")
@@ -48,6 +49,8 @@ def build_ops(api, mode: Mode) -> dict:
     table["kv_write"] = composed_kv_write(table["kv_quantize"], table["cache_write"])
     # npu_rms_norm, then npu_rotary_mul: no torch_npu op does both
     table["rms_norm_rope"] = composed_rms_norm_rope(table["rms_norm"], table["rope"])
+    # npu_grouped_matmul takes rows grouped by block: regrouped there and back around it
+    table["block_diagonal_linear"] = composed_block_diagonal_linear(table["grouped_linear"])
     missing = [n for n in OP_NAMES if n not in table]
     if missing:
         raise RuntimeError(f"the Ascend op table lacks {missing}")

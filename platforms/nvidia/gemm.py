@@ -11,6 +11,7 @@ path on SM90.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -22,6 +23,7 @@ from shuili.platforms.nvidia import qgemm, skinny, splitk
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting
 from shuili.platforms.nvidia.moe_prep import group_tiles, moe_prep
 from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
+from shuili.platforms.reference.public import check_block_diagonal_args, composed_block_diagonal_linear
 
 FMT_ID = {"dense": 0, "fp8_block128": 1, "mxfp4": 2, "fp8_block32": 3}
 BI_TILE = (64, 64, 64)  # BM, BN, BK in batch-invariant mode, for every M
@@ -275,6 +277,21 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
         return qgemm.linear(x2, w, bias.contiguous() if bias is not None else None, y, batch_invariant)
     return _launch(x2, w, bias.contiguous() if bias is not None else None, y, None, batch_invariant,
                    False)
+
+
+def block_diagonal_linear(x: torch.Tensor, w: Weight, *, batch_invariant: bool = False) -> torch.Tensor:
+    """x [T, G*K], W [G, N, K] -> [T, G*N]. qgemm's formats: the grouped launch on the blocks where
+    they lie (grouped_linear's bits for the regrouped rows); others: grouped_linear on regrouped
+    copies."""
+    check_block_diagonal_args(x, w)
+    g, n, _ = w.shape
+    if not (USE_QGEMM and qgemm.supports(w)):
+        grouped = functools.partial(grouped_linear, batch_invariant=batch_invariant)
+        return composed_block_diagonal_linear(grouped)(x, w)
+    y = torch.empty(x.shape[0], g * n, dtype=x.dtype, device=x.device)
+    if x.shape[0] == 0 or n == 0:
+        return y
+    return qgemm.block_diagonal(x.contiguous(), w, y, batch_invariant)
 
 
 def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,

@@ -12,6 +12,7 @@ from shuili.platforms.reference.public import OPS as REFERENCE_OPS
 MODE_OPS = {
     "linear": gemm.linear,
     "grouped_linear": gemm.grouped_linear,
+    "block_diagonal_linear": gemm.block_diagonal_linear,
     "moe_experts": gemm.moe_experts,
     "paged_attention": attention.paged_attention,
 }

@@ -181,16 +181,24 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr,
                   F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr, NATIVE_FP8: tl.constexpr,
                   ASM_E2M1: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr):
+                  BK: tl.constexpr, DIAG: tl.constexpr = False):
     """y[rows, cols] = x[rows] @ W[e, cols]^T over K chunk program_id(2).
     GROUPED: program_id(0) indexes the tile map (group, first row, end row; group -1 = unused).
+    DIAG (with GROUPED, no tile map): block diagonal, M rows in every group; program_id(0) is
+    group e's row tile, its rows read x's columns [e*K, (e+1)*K) and write y's (and the partials')
+    [e*N, (e+1)*N), whose row stride is s_ym.
     X_IDX: row r reads x[xi[r] // TOPK]. SWIGLU: N is I; also computes columns cols + UP and stores
     silu(min(g, limit)) * clamp(u, -limit, limit). Y_IDX: row r is stored, times yw[yi[r]], at row
     yi[r] of y. SPLIT > 1: float32 partials [SPLIT, M, N] into y. PLANES: float32 values travel as
     bf16 hi and lo parts s_plane elements apart; SWIGLU stores its output so, HILO reads x so."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if GROUPED:
+    if GROUPED and DIAG:
+        tpg = tl.cdiv(M, BM)
+        e = pid_m // tpg
+        r0 = (pid_m % tpg) * BM
+        r1 = M
+    elif GROUPED:
         e = tl.load(te_ptr + pid_m)
         if e < 0:
             return
@@ -209,6 +217,9 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
         src = rows.to(tl.int64)
     cols = pid_n * BN + tl.arange(0, BN)
     cok = cols < N
+    if DIAG:  # group e's columns of x, and of y and the partials
+        x_ptr += e * K
+        y_ptr += e * N
     acc = tl.zeros([BM, BN], tl.float32)
     acc_u = tl.zeros([BM, BN], tl.float32)
     k_lo = tl.program_id(2) * KC
@@ -241,8 +252,11 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
                             ASM_E2M1)
     ok = rok[:, None] & cok[None, :]
     if SPLIT > 1:
-        part = y_ptr + tl.program_id(2).to(tl.int64) * M * N
-        tl.store(part + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=ok)
+        ps = N
+        if DIAG:
+            ps = s_ym
+        part = y_ptr + tl.program_id(2).to(tl.int64) * M * ps
+        tl.store(part + rows[:, None].to(tl.int64) * ps + cols[None, :], acc, mask=ok)
     else:
         if SWIGLU:
             g = acc
@@ -325,12 +339,13 @@ def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
 
 
 def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None, yw=None, swiglu=False,
-            limit=None, hilo=False, batch_invariant=False, bm=None, plane=0, tile=None):
+            limit=None, hilo=False, batch_invariant=False, bm=None, plane=0, tile=None, diag=False):
     """One qgemm launch (plus the ordered split-K sum where K is split). Returns y. plane > 0: the
     SwiGLU output (y) or the hi/lo input (x) is bf16 hi and lo planes that many elements apart.
-    tile: (BN, BK, warps, stages[, maxnreg]) in place of the defaults."""
+    tile: (BN, BK, warps, stages[, maxnreg]) in place of the defaults. diag: block diagonal (x
+    [M, G*K], y [M, G*N]), launched as the grouped GEMM of the G*M rows regrouped by block."""
     m, k = x.shape[0], w.shape[-1]
-    grouped = tiles is not None
+    grouped = tiles is not None or diag
     n = w.shape[-2] // 2 if swiglu else w.shape[-2]
     data, scale, s_we, s_wn, s_se, s_sn, s_sg = _weight_args(w, grouped)
     bm0, bn, bk = tiles_for(m, w.format, batch_invariant)
@@ -348,7 +363,11 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
             raise ValueError(f"qgemm tile {tile}: mxfp4 with bf16 operands needs BK >= 64")
     if x.dtype == torch.float32 and not hilo:
         bk = F32_BK
-    if grouped:
+    if diag:
+        te = t0 = t1 = x
+        groups = w.shape[0]
+        nt = groups * cdiv(m, bm)
+    elif grouped:
         te, t0, t1, nt = tiles
         groups = w.shape[0]
     else:
@@ -360,8 +379,10 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
     elif batch_invariant:
         split, kc = bi_split(n, k, groups)
     else:
-        split, kc = split_for(cdiv(n, bn) * (min(groups, m) if grouped else nt), k, bk, MIN_PROGRAMS)
-    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        rows = m * groups if diag else m  # the grouped GEMM's rows
+        split, kc = split_for(cdiv(n, bn) * (min(groups, rows) if grouped else nt), k, bk, MIN_PROGRAMS)
+    out = y if split == 1 else torch.empty(split, m, n * groups if diag else n, dtype=torch.float32,
+                                           device=x.device)
     f32 = x.dtype == torch.float32 and not hilo
     _qgemm_kernel[(nt, cdiv(n, bn), split)](
         x, xi if xi is not None else x, data, scale, bias if bias is not None else x, out,
@@ -371,7 +392,7 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
         FMT=FMT_ID[w.format], GROUPED=grouped, X_IDX=xi is not None, Y_IDX=yi is not None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
         PLANES=plane > 0, NATIVE_FP8=not interpreting(),
-        ASM_E2M1=ASM_E2M1 and not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk,
+        ASM_E2M1=ASM_E2M1 and not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk, DIAG=diag,
         num_warps=warps, num_stages=stages, **regs)
     if split > 1:
         splitk.split_sum(out, bias, y)
@@ -385,6 +406,14 @@ def linear(x2: torch.Tensor, w: Weight, bias, y: torch.Tensor, batch_invariant: 
 
 def grouped(x, w: Weight, tiles, y, batch_invariant: bool, hilo: bool, bm: int) -> torch.Tensor:
     return _launch(x, w, y, tiles=tiles, hilo=hilo, batch_invariant=batch_invariant, bm=bm)
+
+
+def block_diagonal(x, w: Weight, y, batch_invariant: bool) -> torch.Tensor:
+    """x [T, G*K] contiguous, y [T, G*N]: grouped()'s launch for the T*G rows regrouped by block,
+    with its tiles, split and bits, reading and writing each block where it lies (no regrouping
+    copies, no tile map: every group has T rows)."""
+    bm = group_bm(x.shape[0] * w.shape[0], w.shape[0], batch_invariant)
+    return _launch(x, w, y, batch_invariant=batch_invariant, bm=bm, diag=True)
 
 
 def group_bm(m: int, e: int, batch_invariant: bool) -> int:

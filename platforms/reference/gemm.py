@@ -1,4 +1,4 @@
-"""GEMMs: linear, grouped_linear, moe_experts, all on `numerics.dot`'s exact fixed-point products.
+"""GEMMs: linear, grouped_linear, block_diagonal_linear, moe_experts, all on `numerics.dot`'s exact fixed-point products.
 
 Batch invariance and host independence by construction: each activation row and each weight row
 is rounded to its own fixed-point grid and the integer products are summed exactly by a float64
@@ -170,6 +170,44 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor) -> tor
         if offs[e + 1] > offs[e]:
             out[offs[e]:offs[e + 1]] = fixed_linear(xf[offs[e]:offs[e + 1]], fw, e)
     return out.to(x.dtype)
+
+
+def check_block_diagonal_args(x: torch.Tensor, w: Weight) -> None:
+    """block_diagonal_linear's argument checks (public: every platform's errors read the same)."""
+    if len(w.shape) != 3:
+        raise ValueError(f"block_diagonal_linear needs the blocks as a [G, N, K] weight, got {tuple(w.shape)}")
+    g, _, k = w.shape
+    if x.dim() != 2 or x.shape[1] != g * k:
+        raise ValueError(f"block_diagonal_linear takes x [T, G*K] = [T, {g * k}] for {g} blocks of "
+                         f"K={k}, got {tuple(x.shape)}")
+
+
+def block_diagonal_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """Block g: columns [g*K, (g+1)*K) of x times W[g]^T, as `linear` (the same exact products
+    grouped_linear takes, so the same bits as the rows regrouped). Returns [T, G*N] in x's dtype."""
+    _check_weight(w)
+    check_block_diagonal_args(x, w)
+    g, n, k = w.shape
+    fw = weight_fixed(w)
+    out = torch.empty(x.shape[0], g * n, dtype=torch.float32)
+    xf = x.to(torch.float32)
+    for e in range(g):
+        out[:, e * n:(e + 1) * n] = fixed_linear(xf[:, e * k:(e + 1) * k], fw, e)
+    return out.to(x.dtype)
+
+
+def composed_block_diagonal_linear(grouped_linear):
+    """block_diagonal_linear from a table's grouped_linear (public): the rows regrouped by block
+    (a copy), one grouped GEMM of T rows a group, the result regrouped back."""
+
+    def block_diagonal_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+        check_block_diagonal_args(x, w)
+        t, (g, n, k) = x.shape[0], w.shape
+        xg = x.reshape(t, g, k).transpose(0, 1).reshape(g * t, k)
+        sizes = torch.full((g,), t, dtype=torch.int64, device=x.device)
+        return grouped_linear(xg, w, sizes).view(g, t, n).transpose(0, 1).reshape(t, g * n)
+
+    return block_diagonal_linear
 
 
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: Weight,

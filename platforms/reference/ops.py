@@ -12,6 +12,7 @@ from shuili.platforms.reference.sampling import SAMPLING_OPS
 OPS: dict[str, object] = {
     "linear": gemm.linear,
     "grouped_linear": gemm.grouped_linear,
+    "block_diagonal_linear": gemm.block_diagonal_linear,
     "moe_experts": gemm.moe_experts,
     "rms_norm": norm.rms_norm,
     "add_rms_norm": norm.add_rms_norm,
@@ -53,6 +54,7 @@ _KV_READ = (DtypeSupport(name="none", support="native"),) + _KV
 FORMATS: dict[str, tuple[DtypeSupport, ...]] = {
     "linear": _WEIGHTS,
     "grouped_linear": _WEIGHTS,
+    "block_diagonal_linear": _WEIGHTS,
     "moe_experts": _WEIGHTS,
     "kv_quantize": _KV,
     "kv_dequantize": _KV,

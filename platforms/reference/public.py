@@ -16,6 +16,8 @@ between releases; a helper a backend needs is added here, not imported from its 
   check_slots_args          paged_slots' argument checks, shared likewise
   check_kv_write_args       kv_write's argument checks, shared likewise
   composed_kv_write         kv_write built from a table's kv_quantize and cache_write
+  check_block_diagonal_args block_diagonal_linear's shape checks, shared likewise
+  composed_block_diagonal_linear  block_diagonal_linear built from a table's grouped_linear
   check_counts              all_to_all's count checks (from shuili.hal.distributed, which also
                             holds the one all_to_all of every platform)
   dequantize_weight         any contract weight format -> float32 (exact)
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from shuili.hal.distributed import check_counts
 from shuili.hal.numerics import silu, tree_sum
+from shuili.platforms.reference.gemm import check_block_diagonal_args, composed_block_diagonal_linear
 from shuili.platforms.reference.kvcache import (check_kv_write_args, check_pool_args, check_slots_args,
                                                 composed_kv_write)
 from shuili.platforms.reference.mhc import check_hc_args, check_hc_mix_args, composed_hc_mix
@@ -40,6 +43,7 @@ __all__ = ["OPS", "capabilities", "tree_sum", "silu", "apply_penalties", "check_
            "composed_rms_norm_rope", "check_hc_args",
            "check_hc_mix_args", "composed_hc_mix",
            "check_pool_args", "check_slots_args", "check_kv_write_args", "composed_kv_write", "check_counts",
+           "check_block_diagonal_args", "composed_block_diagonal_linear",
            "dequantize_weight", "quantize_weight_fp8_block128", "quantize_weight_fp8_block32", "quantize_weight_mxfp4",
            "kv_quantize", "kv_dequantize"]
 

@@ -151,6 +151,17 @@ def test_grouped_linear(npu, npu_bi, ref, paths, gen, bi):
     assert paths["grouped:tiled" if bi else "grouped:npu_grouped_matmul"] == 1
 
 
+@pytest.mark.parametrize("bi", [False, True])
+def test_block_diagonal_linear_regroups_around_grouped_matmul(npu, npu_bi, ref, paths, gen, bi):
+    ops = npu_bi if bi else npu
+    x = torch.randn(6, 3 * 32, generator=gen)
+    w = Weight.dense(torch.randn(3, 24, 32, generator=gen) * 0.1)
+    got = ops["block_diagonal_linear"](x, w)
+    assert got.shape == (6, 72)
+    close(got, ref["block_diagonal_linear"](x, w), 1e-4)
+    assert paths["grouped:tiled" if bi else "grouped:npu_grouped_matmul"] == 1
+
+
 @pytest.mark.parametrize("limit", [None, 3.0])
 @pytest.mark.parametrize("bi", [False, True])
 def test_moe_experts(npu, npu_bi, ref, paths, gen, limit, bi):

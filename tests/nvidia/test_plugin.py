@@ -26,7 +26,7 @@ def test_capabilities_cover_every_op(bi):
     caps = plugin.capabilities(bi)
     assert set(caps.ops) == set(OP_NAMES)
     assert caps.graph_capture and caps.device_type == "cuda"
-    for mode_op in ("linear", "grouped_linear", "moe_experts", "paged_attention"):
+    for mode_op in ("linear", "grouped_linear", "block_diagonal_linear", "moe_experts", "paged_attention"):
         level = caps.determinism(mode_op)
         assert level == (L.batch_invariant if bi else L.run_to_run)
     assert caps.op("linear").supports_format("mxfp4")

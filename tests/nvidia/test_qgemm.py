@@ -320,3 +320,41 @@ def test_mxfp4_scales_read_through_their_strides(device, dtype, bi):
     xl = rnd(5, 320, seed=61).to(device, dtype)
     assert torch.equal(gemm.linear(xl, _kgroup_major(lw), None, batch_invariant=bi),
                        gemm.linear(xl, lw, None, batch_invariant=bi))
+
+
+def _regrouped(x, w, bi):
+    t, (g, n, k) = x.shape[0], w.shape
+    xg = x.reshape(t, g, k).transpose(0, 1).reshape(g * t, k)
+    sizes = torch.full((g,), t, dtype=torch.int64, device=x.device)
+    y = gemm.grouped_linear(xg, w, sizes, batch_invariant=bi)
+    return y.view(g, t, n).transpose(0, 1).reshape(t, g * n)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("bi", [False, True])
+@pytest.mark.parametrize("k", [256, 1024])  # 1024: K split in two (the partials' strided layout)
+def test_block_diagonal_is_grouped_linear_bits(device, fmt, bi, k, monkeypatch):
+    """block_diagonal_linear runs the grouped launch on the blocks where they lie (no regrouping
+    copies, no tile map): grouped_linear's bits on the regrouped rows, in both modes, split or not."""
+    g, n, t = 3, 80, 5
+    w = on(weight(fmt, (g, n, k), seed=63 + k), device, torch.bfloat16)
+    x = rnd(t, g * k, seed=64).to(device, torch.bfloat16)
+    want = _regrouped(x, w, bi)
+    seen, launch = [], qgemm._launch
+    monkeypatch.setattr(qgemm, "_launch", lambda *a, **kw: seen.append(kw.get("diag")) or launch(*a, **kw))
+    splits, ssum = [], qgemm.splitk.split_sum
+    monkeypatch.setattr(qgemm.splitk, "split_sum", lambda p, *a: splits.append(p.shape[0]) or ssum(p, *a))
+    got = gemm.block_diagonal_linear(x, w, batch_invariant=bi)
+    assert seen == [True] and splits == ([2] if k == 1024 else [])
+    assert got.shape == (t, g * n) and torch.equal(got, want)
+    ref = REF["block_diagonal_linear"](x.float().cpu(), on(w, "cpu", torch.float32))
+    assert rel(got, ref) < TOL[torch.bfloat16]
+
+
+def test_block_diagonal_dense_takes_grouped_linear(device):
+    w = Weight.dense(rnd(2, 24, 64, seed=65).to(device))
+    x = rnd(4, 128, seed=66).to(device)
+    for bi in (False, True):
+        got = gemm.block_diagonal_linear(x, w, batch_invariant=bi)
+        assert torch.equal(got, _regrouped(x, w, bi))
+        assert rel(got, REF["block_diagonal_linear"](x.cpu(), Weight.dense(w.data.cpu()))) < TOL[torch.float32]
