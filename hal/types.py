@@ -79,3 +79,21 @@ class Weight:
     @classmethod
     def dense(cls, t: torch.Tensor) -> "Weight":
         return cls("dense", t, None, tuple(t.shape))
+
+    @classmethod
+    def join_rows(cls, parts: "list[Weight]") -> "Weight | None":
+        """One weight whose output rows are the parts' rows in order (same format, same K), so one
+        linear does the parts' work: the same products, each output column its own sum. None when
+        an fp8 part's rows end inside a scale block (the joined blocks would mix two parts)."""
+        from shuili.hal.formats import FP8_WEIGHT_BLOCKS
+
+        fmt, k = parts[0].format, parts[0].in_features
+        if any(p.format != fmt or p.in_features != k or len(p.shape) != 2 for p in parts):
+            raise ValueError("join_rows: the parts must be 2-D weights of one format and one K, got "
+                             f"{[(p.format, p.shape) for p in parts]}")
+        block = FP8_WEIGHT_BLOCKS.get(fmt, 1)
+        if any(p.out_features % block for p in parts[:-1]):
+            return None
+        data = torch.cat([p.data for p in parts])
+        scale = None if fmt == "dense" else torch.cat([p.scale for p in parts])
+        return cls(fmt, data, scale, (sum(p.out_features for p in parts), k))

@@ -72,8 +72,7 @@ class Moe:
     tid2eid: torch.Tensor | None
     w13: Weight  # [E, 2I, D]
     w2: Weight  # [E, D, I]
-    shared_w1: Weight | None
-    shared_w3: Weight | None
+    shared_w13: tuple[Weight, ...] | None  # see gate_up
     shared_w2: Weight | None
 
 
@@ -327,9 +326,8 @@ class DeepseekV4Model:
             w, idx = ops.moe_route_topk(logits, p.bias, cfg.num_experts_per_tok, cfg.scoring_func,
                                         cfg.norm_topk_prob, cfg.routed_scaling_factor)
         y = ops.moe_experts(x, idx, w, p.w13, p.w2, cfg.swiglu_limit)
-        if p.shared_w1 is not None:
-            gu = torch.cat([ops.linear(x, p.shared_w1), ops.linear(x, p.shared_w3)], dim=-1)
-            y = y + ops.linear(ops.swiglu(gu, cfg.swiglu_limit), p.shared_w2)
+        if p.shared_w13 is not None:
+            y = y + shared_expert(ops, x, p.shared_w13, p.shared_w2, cfg.swiglu_limit)
         return y
 
     def _attention(self, p: Attention, layer: int, x: torch.Tensor, meta: _Meta) -> torch.Tensor:
@@ -421,6 +419,21 @@ def _w(t) -> Weight:
     return t if isinstance(t, Weight) else Weight.dense(t)
 
 
+def gate_up(gate, up) -> tuple[Weight, ...]:
+    """A SwiGLU's gate and up weights as one, their rows joined (one linear and no concatenated
+    outputs: a decode step's shared experts were two linears and a cat each), or as the two where
+    an fp8 scale block would straddle them (Weight.join_rows)."""
+    parts = [_w(gate), _w(up)]
+    joined = Weight.join_rows(parts)
+    return (joined,) if joined is not None else tuple(parts)
+
+
+def shared_expert(ops, x: torch.Tensor, gu_w: tuple[Weight, ...], down: Weight, limit: float | None):
+    """down(swiglu([gate | up](x))) with gu_w from gate_up."""
+    gu = ops.linear(x, gu_w[0]) if len(gu_w) == 1 else torch.cat([ops.linear(x, w) for w in gu_w], dim=-1)
+    return ops.linear(ops.swiglu(gu, limit), down)
+
+
 def _compressor(params: dict, p: str, dim: int, ratio: int, coff: int) -> Compressor:
     w = torch.cat([_w(params[p + "wkv.weight"]).data, _w(params[p + "wgate.weight"]).data], dim=0)
     return Compressor(Weight.dense(w), params[p + "ape"], params[p + "norm.weight"], dim, ratio, coff)
@@ -442,8 +455,7 @@ def _block(cfg: V4Config, params: dict, p: str, kind: str, mlp: str) -> Block:
     ffn = Moe(_w(params[f + "gate.weight"]), params.get(f + "gate.bias") if mlp == "topk" else None,
               params.get(f + "gate.tid2eid") if mlp == "hash" else None,
               params[f + "experts.w13"], params[f + "experts.w2"],
-              params[f + "shared_experts.w1.weight"] if sh else None,
-              params[f + "shared_experts.w3.weight"] if sh else None,
+              gate_up(params[f + "shared_experts.w1.weight"], params[f + "shared_experts.w3.weight"]) if sh else None,
               params[f + "shared_experts.w2.weight"] if sh else None)
     return Block(attn, ffn, params[p + "attn_norm.weight"], params[p + "ffn_norm.weight"],
                  _hc(params, p + "hc_attn_"), _hc(params, p + "hc_ffn_"))

@@ -25,7 +25,7 @@ from shuili.core.model_api import CacheGroupSpec, ForwardBatch, bind_group_cache
 from shuili.core.models.deepseek_v41_cache import cache_groups, idx_group, kv_group, state_group
 from shuili.core.models.deepseek_v41_config import V41Config, named
 from shuili.core.models.deepseek_v41_static import StaticMeta
-from shuili.core.models.deepseek_v4 import rope_tables
+from shuili.core.models.deepseek_v4 import gate_up, rope_tables, shared_expert
 from shuili.core.models.driver import CacheDriver
 from shuili.core.models.tokenizer import ByteTokenizer, deepseek_chat
 from shuili.hal import DispatchTable, numerics
@@ -77,8 +77,7 @@ class Moe:
     bias: torch.Tensor  # e_score_correction_bias float32 [E]
     w13: Weight  # [E, 2I, D]
     w2: Weight  # [E, D, I]
-    shared_gate: Weight | None
-    shared_up: Weight | None
+    shared_gate_up: tuple[Weight, ...] | None  # deepseek_v4.gate_up
     shared_down: Weight | None
 
 
@@ -290,9 +289,8 @@ class DeepseekV41Model:
         w, idx = ops.moe_route_topk(logits, p.bias, cfg.num_experts_per_tok, cfg.scoring_func,
                                     cfg.norm_topk_prob, cfg.routed_scaling_factor)
         y = ops.moe_experts(x, idx, w, p.w13, p.w2, cfg.swiglu_limit)
-        if p.shared_gate is not None:
-            gu = torch.cat([ops.linear(x, p.shared_gate), ops.linear(x, p.shared_up)], dim=-1)
-            y = y + ops.linear(ops.swiglu(gu, cfg.swiglu_limit), p.shared_down)
+        if p.shared_gate_up is not None:
+            y = y + shared_expert(ops, x, p.shared_gate_up, p.shared_down, cfg.swiglu_limit)
         return y
 
     def _fake_quant(self, rows: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -423,8 +421,8 @@ def _block(cfg: V41Config, params: dict, i: int) -> Block:
     sh = cfg.n_shared_experts > 0
     ffn = Moe(_w(params[f + "gate.weight"]), params[f + "gate.e_score_correction_bias"],
               params[f + "experts.gate_up_proj"], params[f + "experts.down_proj"],
-              params[f + "shared_experts.gate_proj.weight"] if sh else None,
-              params[f + "shared_experts.up_proj.weight"] if sh else None,
+              gate_up(params[f + "shared_experts.gate_proj.weight"], params[f + "shared_experts.up_proj.weight"])
+              if sh else None,
               params[f + "shared_experts.down_proj.weight"] if sh else None)
     eng = None
     if i in cfg.engram_layer_ids:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shuili.core.models.deepseek_v4 import shared_expert
 from shuili.hal.types import Weight
 
 
@@ -154,7 +155,6 @@ class DSpark:
         w, idx = ops.moe_route_topk(logits, p.bias, cfg.num_experts_per_tok, cfg.scoring_func,
                                     cfg.norm_topk_prob, cfg.routed_scaling_factor)
         y = ops.moe_experts(x, idx, w, p.w13, p.w2, cfg.swiglu_limit)
-        if p.shared_gate is not None:
-            gu = torch.cat([ops.linear(x, p.shared_gate), ops.linear(x, p.shared_up)], dim=-1)
-            y = y + ops.linear(ops.swiglu(gu, cfg.swiglu_limit), p.shared_down)
+        if p.shared_gate_up is not None:
+            y = y + shared_expert(ops, x, p.shared_gate_up, p.shared_down, cfg.swiglu_limit)
         return y

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from shuili.core.model_api import ForwardBatch
-from shuili.core.models.deepseek_v4 import DeepseekV4Model, Moe, _Meta
+from shuili.core.models.deepseek_v4 import DeepseekV4Model, Moe, _Meta, shared_expert
 from shuili.core.parallel.eplb import Placement
 from shuili.core.parallel.sharding import ShardPlan
 
@@ -131,11 +131,9 @@ class ParallelV4Model(DeepseekV4Model):
         return self._shared(p, x, y)
 
     def _shared(self, p: Moe, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if p.shared_w1 is None:
+        if p.shared_w13 is None:
             return y
-        ops = self.ops
-        gu = torch.cat([ops.linear(x, p.shared_w1), ops.linear(x, p.shared_w3)], dim=-1)
-        return y + ops.linear(ops.swiglu(gu, self.cfg.swiglu_limit), p.shared_w2)
+        return y + shared_expert(self.ops, x, p.shared_w13, p.shared_w2, self.cfg.swiglu_limit)
 
     def _count_load(self, layer: int, idx: torch.Tensor) -> None:
         self.expert_load[layer] += torch.bincount(idx.reshape(-1), minlength=self.expert_load.shape[1])

@@ -17,6 +17,7 @@ import os
 import torch
 
 from shuili.core.model_api import ForwardBatch
+from shuili.core.models.deepseek_v4 import shared_expert
 from shuili.core.models.deepseek_v41 import DeepseekV41Model, EngramWeights, Moe
 from shuili.core.parallel.eplb import Placement
 from shuili.core.parallel.model import Groups, ParallelV4Model
@@ -100,11 +101,9 @@ class ParallelV41Model(DeepseekV41Model):
         return self._shared(p, x, y)
 
     def _shared(self, p: Moe, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if p.shared_gate is None:
+        if p.shared_gate_up is None:
             return y
-        ops = self.ops
-        gu = torch.cat([ops.linear(x, p.shared_gate), ops.linear(x, p.shared_up)], dim=-1)
-        return y + ops.linear(ops.swiglu(gu, self.cfg.swiglu_limit), p.shared_down)
+        return y + shared_expert(self.ops, x, p.shared_gate_up, p.shared_down, self.cfg.swiglu_limit)
 
 
 def is_v41(model: str) -> bool:

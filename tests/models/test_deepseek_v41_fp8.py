@@ -94,7 +94,8 @@ def test_released_fp8_linears_are_kept_and_give_the_decoded_bits(ops, fp8_dir):
     cfg = kept.cfg
     assert cfg.quantization.weight_block_size == (32, 32)
     a0, d0 = kept.blocks[0].attn, decoded.blocks[0].attn
-    for w in (a0.q_a, a0.q_b, a0.kv_proj, a0.o_b, kept.blocks[0].ffn.shared_gate):
+    assert len(kept.blocks[0].ffn.shared_gate_up) == 1  # gate and up rows joined, 32-row blocks whole
+    for w in (a0.q_a, a0.q_b, a0.kv_proj, a0.o_b, kept.blocks[0].ffn.shared_gate_up[0]):
         assert w.format == "fp8_block32" and w.data.dtype == torch.float8_e4m3fn and w.scale.dtype == torch.float32
         assert tuple(w.scale.shape) == (-(-w.shape[0] // 32), w.shape[1] // 32)
     G_, r = cfg.o_groups, cfg.o_lora_rank
