@@ -341,14 +341,16 @@ def scale_ab(ts=(1, 16, 64, 256), ms=(1, 64, 256)):
         for bi in (False, True):
             cases.append((f"moe T{t}{' BI' if bi else ''}", [
                 [lambda p=p, x=x, ids=ids, wts=wts, bi=bi:
-                 gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0, batch_invariant=bi) for p in w] for w in (ws, wp)]))
+                 gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0, batch_invariant=bi) for p in w]
+                for w in (ws, wp)]))
     lw = copies(lambda: rand_weight("mxfp4", (4096, 4096)), 4096 * 4096)
     lp = [kgroup_major(w) for w in lw]
     for m in ms:
         x = torch.randn(m, 4096, device=DEV, dtype=BF)
         for bi in (False, True):
             cases.append((f"linear M{m} N4096 K4096{' BI' if bi else ''}", [
-                [lambda w=w, x=x, bi=bi: gemm.linear(x, w, batch_invariant=bi) for w in ww] for ww in (lw, lp)]))
+                [lambda w=w, x=x, bi=bi: gemm.linear(x, w, batch_invariant=bi) for w in ww]
+                for ww in (lw, lp)]))
     for name, (rowm, kgm) in cases:
         same = torch.equal(rowm[0]().view(torch.int16), kgm[0]().view(torch.int16))
         res = {0: [], 1: []}

@@ -455,7 +455,8 @@ def _block(cfg: V4Config, params: dict, p: str, kind: str, mlp: str) -> Block:
     ffn = Moe(_w(params[f + "gate.weight"]), params.get(f + "gate.bias") if mlp == "topk" else None,
               params.get(f + "gate.tid2eid") if mlp == "hash" else None,
               params[f + "experts.w13"], params[f + "experts.w2"],
-              gate_up(params[f + "shared_experts.w1.weight"], params[f + "shared_experts.w3.weight"]) if sh else None,
+              gate_up(params[f + "shared_experts.w1.weight"], params[f + "shared_experts.w3.weight"])
+              if sh else None,
               params[f + "shared_experts.w2.weight"] if sh else None)
     return Block(attn, ffn, params[p + "attn_norm.weight"], params[p + "ffn_norm.weight"],
                  _hc(params, p + "hc_attn_"), _hc(params, p + "hc_ffn_"))

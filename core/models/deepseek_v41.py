@@ -421,8 +421,8 @@ def _block(cfg: V41Config, params: dict, i: int) -> Block:
     sh = cfg.n_shared_experts > 0
     ffn = Moe(_w(params[f + "gate.weight"]), params[f + "gate.e_score_correction_bias"],
               params[f + "experts.gate_up_proj"], params[f + "experts.down_proj"],
-              gate_up(params[f + "shared_experts.gate_proj.weight"], params[f + "shared_experts.up_proj.weight"])
-              if sh else None,
+              gate_up(params[f + "shared_experts.gate_proj.weight"],
+                      params[f + "shared_experts.up_proj.weight"]) if sh else None,
               params[f + "shared_experts.down_proj.weight"] if sh else None)
     eng = None
     if i in cfg.engram_layer_ids:

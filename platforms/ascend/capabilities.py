@@ -57,7 +57,8 @@ KERNELS = {
     "all_gather": ("HCCL all_gather", "collective"),
     "all_to_all": ("HCCL all_to_all_single (rows copied)", "collective"),
 }
-_FORMATS = {"linear": _WEIGHTS, "grouped_linear": _WEIGHTS, "block_diagonal_linear": _WEIGHTS, "moe_experts": _WEIGHTS,
+_FORMATS = {"linear": _WEIGHTS, "grouped_linear": _WEIGHTS, "block_diagonal_linear": _WEIGHTS,
+            "moe_experts": _WEIGHTS,
             "kv_quantize": _KV, "kv_dequantize": _KV, "kv_write": _KV_READ, "sparse_attention": _KV_READ,
             "indexer_topk": _KV_READ, "indexer_select": _KV_READ}
 

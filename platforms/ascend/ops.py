@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from shuili.hal.ops import OP_NAMES
 from shuili.platforms.ascend import attention, collectives, gemm, indexer, kv, norm_rope
 from shuili.platforms.ascend.host import on_host
-from shuili.platforms.reference.public import (composed_block_diagonal_linear, composed_hc_mix, composed_kv_write,
-                                               composed_rms_norm_rope)
+from shuili.platforms.reference.public import (composed_block_diagonal_linear, composed_hc_mix,
+                                               composed_kv_write, composed_rms_norm_rope)
 
 # no torch_npu op covers these (vllm-ascend samples with plain torch on 950, too)
 HOST_OPS = ("log_softmax", "apply_penalties", "sample")

@@ -35,8 +35,8 @@ _CAPS = {
                "chunks of K in both modes"),
     "grouped_linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant, "Triton grouped GEMM"),
     "block_diagonal_linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
-                              "qgemm formats: the grouped GEMM on the blocks where they lie, grouped_linear's "
-                              "bits; others: grouped_linear on regrouped copies"),
+                              "qgemm formats: the grouped GEMM on the blocks where they lie, "
+                              "grouped_linear's bits; others: grouped_linear on regrouped copies"),
     "moe_experts": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
                     "stable sort by expert, two grouped GEMMs, fixed-order sum over k"),
     "rms_norm": (_ACT, (), L.batch_invariant, L.batch_invariant, "one program per row"),

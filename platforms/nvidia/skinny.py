@@ -22,8 +22,8 @@ from shuili.platforms.nvidia.common import cdiv, pow2
 
 MAX_N = 64  # wider outputs go to the general GEMMs: one program holds all N columns
 BK = 64
-# (BM rows a program, MIN_KC, CHUNKS, warps): K in about CHUNKS chunks of at least MIN_KC (a multiple
-# of BK). benchmarks/nvidia_skinny.py --sweep times candidates on a GPU
+# (BM rows a program, MIN_KC, CHUNKS, warps[, stages]): K in about CHUNKS chunks of at least MIN_KC (a
+# multiple of BK). benchmarks/nvidia_skinny.py --sweep times candidates on a GPU
 TILE = (16, 128, 32, 4)
 
 
@@ -60,15 +60,16 @@ def supports(x: torch.Tensor, n: int) -> bool:
     return x.dtype == torch.float32 and 0 < n <= MAX_N
 
 
-def chunk(k: int, tile: tuple[int, int, int, int] = TILE) -> int:
+def chunk(k: int, tile: tuple[int, ...] = TILE) -> int:
     """K per chunk: a multiple of BK, from K alone (never from M)."""
-    _, min_kc, chunks, _ = tile
+    min_kc, chunks = tile[1], tile[2]
     return max(min_kc, cdiv(cdiv(k, chunks), BK) * BK)
 
 
 def partials(x: torch.Tensor, w: torch.Tensor, sumsq: bool = False, tile=None) -> torch.Tensor:
     """x [M, K] (any float dtype, read as float32; unit stride along K), w float32 [N, K] ->
-    float32 partials [chunks, M, N (+1 with sumsq)]. tile: (BM, MIN_KC, CHUNKS, warps), TILE if None."""
+    float32 partials [chunks, M, N (+1 with sumsq)]. tile: (BM, MIN_KC, CHUNKS, warps[, stages]), TILE
+    if None."""
     m, k = x.shape
     n = w.shape[0]
     if w.shape[1] != k or n > MAX_N:
@@ -76,14 +77,16 @@ def partials(x: torch.Tensor, w: torch.Tensor, sumsq: bool = False, tile=None) -
     if x.stride(1) != 1:
         x = x.contiguous()
     w = w.float().contiguous()
-    bm, _, _, warps = tile = tile or TILE
+    tile = tile or TILE
+    bm, warps = tile[0], tile[3]
+    stages = {"num_stages": tile[4]} if len(tile) > 4 else {}
     kc = chunk(k, tile)
     s = cdiv(k, kc)
     p = torch.empty(s, m, n + int(sumsq), dtype=torch.float32, device=x.device)
     if m:
         _partials_kernel[(cdiv(m, bm), s)](x, w, p, m, n, k, kc, x.stride(0), w.stride(0), p.stride(1),
                                            p.stride(0), SUMSQ=sumsq, NP=pow2(n, 16), BM=bm, BK=BK,
-                                           num_warps=warps)
+                                           num_warps=warps, **stages)
     return p
 
 

@@ -1,4 +1,5 @@
-"""GEMMs: linear, grouped_linear, block_diagonal_linear, moe_experts, all on `numerics.dot`'s exact fixed-point products.
+"""GEMMs: linear, grouped_linear, block_diagonal_linear, moe_experts, all on `numerics.dot`'s exact
+fixed-point products.
 
 Batch invariance and host independence by construction: each activation row and each weight row
 is rounded to its own fixed-point grid and the integer products are summed exactly by a float64
@@ -175,7 +176,8 @@ def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor) -> tor
 def check_block_diagonal_args(x: torch.Tensor, w: Weight) -> None:
     """block_diagonal_linear's argument checks (public: every platform's errors read the same)."""
     if len(w.shape) != 3:
-        raise ValueError(f"block_diagonal_linear needs the blocks as a [G, N, K] weight, got {tuple(w.shape)}")
+        raise ValueError(f"block_diagonal_linear needs the blocks as a [G, N, K] weight, got "
+                         f"{tuple(w.shape)}")
     g, _, k = w.shape
     if x.dim() != 2 or x.shape[1] != g * k:
         raise ValueError(f"block_diagonal_linear takes x [T, G*K] = [T, {g * k}] for {g} blocks of "

@@ -31,7 +31,8 @@ def test_block_diagonal_is_grouped_linear_regrouped(fmt):
     assert torch.equal(got, _regrouped(x, w))
     assert torch.equal(composed_block_diagonal_linear(OPS["grouped_linear"])(x, w), got)
     # block 1 alone against linear on its columns: the blocks do not mix
-    one = OPS["linear"](x[:, k:2 * k], Weight(w.format, w.data[1], None if w.scale is None else w.scale[1], (n, k)))
+    w1 = Weight(w.format, w.data[1], None if w.scale is None else w.scale[1], (n, k))
+    one = OPS["linear"](x[:, k:2 * k], w1)
     assert torch.equal(got[:, n:2 * n], one)
 
 
