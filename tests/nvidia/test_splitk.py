@@ -29,3 +29,19 @@ def test_skinny_linear_is_its_partials_summed(device):
     assert p.shape[0] == 2048 // skinny.chunk(2048)
     y = skinny.linear(x, w, None, torch.empty(5, 32, device=device))
     assert torch.equal(y, splitk.split_sum(p, None, torch.empty(5, 32, device=device)))
+
+
+def test_skinny_tile_may_name_stages(device, monkeypatch):
+    """skinny.TILE's optional 5th element sets the kernel's pipeline stages (benchmarks/nvidia_skinny.py
+    sweeps it); the chunking, and so the partials, are the same."""
+    x, w = rnd(5, 2048, seed=47).to(device), rnd(24, 2048, seed=48).to(device)
+    want = skinny.partials(x, w, sumsq=True)
+    seen, kernel = [], skinny._partials_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append(kw.get("num_stages")) or kernel[grid](*a, **kw)
+
+    monkeypatch.setattr(skinny, "_partials_kernel", Spy())
+    got = skinny.partials(x, w, sumsq=True, tile=skinny.TILE[:4] + (1,))
+    assert seen == [1] and torch.equal(got, want)
