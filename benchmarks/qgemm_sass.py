@@ -45,13 +45,15 @@ FLOAT_OPS = ("FMUL", "FFMA", "FADD", "F2FP", "HMUL2", "HFMA2", "HADD2")  # ops t
 
 
 def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xidx=False, yidx=False,
-                   f32=False, hilo=False, split=1, bias=False, limit=False, planes=False):
+                   f32=False, hilo=False, split=1, bias=False, limit=False, planes=False, diag=False):
     fn = gemm._gemm_kernel if old else qgemm._qgemm_kernel
     vals = dict(FMT=fmt, GROUPED=grouped, X_IDX=xidx, Y_IDX=yidx, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=limit,
                 F32=f32, HILO=hilo, NATIVE_FP8=True, SPLIT=split, BM=bm, BN=bn, BK=bk)
     if not old:
         vals["PLANES"] = planes
         vals["ASM_E2M1"] = qgemm.ASM_E2M1
+        vals["DIAG"] = diag
+        vals["s_sg"] = 1  # row-major scales: the launcher specialises the stride 1 to a constant
     act = "*fp32" if (f32 or (hilo and not planes)) else "*bf16"
     out = "*fp32" if (split > 1 or (swiglu and not planes) or yidx or hilo or f32) else "*bf16"
     ptr = {"x_ptr": act, "y_ptr": out, "w_ptr": "*u8", "s_ptr": "*fp32" if fmt == 1 else "*u8", "b_ptr": act,
@@ -148,7 +150,8 @@ EXTRA = [dict(fmt=f, bm=bm, bn=64, bk=32 if kw.get("f32") else 128, **kw) for f 
                     dict(grouped=True, swiglu=True, xidx=True, limit=True, planes=True),
                     dict(grouped=True, swiglu=True, xidx=True, limit=True, f32=True),
                     dict(grouped=True, hilo=True, yidx=True), dict(grouped=True, hilo=True, yidx=True, planes=True),
-                    dict(grouped=True, f32=True, yidx=True))]
+                    dict(grouped=True, f32=True, yidx=True), dict(grouped=True, diag=True),
+                    dict(grouped=True, diag=True, split=2))]
 
 
 def main():
