@@ -206,21 +206,21 @@ def check_op(platform: ResolvedPlatform, reference: ResolvedPlatform, op: str, s
     return out
 
 
-def _linear_scale(kw: dict) -> list[torch.Tensor]:
+def _dequantized(w) -> torch.Tensor:
+    """A weight's logical values, float64 (the tolerance scales' arithmetic)."""
     from shuili.platforms.reference.public import dequantize_weight
 
-    w = kw["w"]
-    wf = (w.data if w.format == "dense" else dequantize_weight(w)).double()
+    return (w.data if w.format == "dense" else dequantize_weight(w)).double()
+
+
+def _linear_scale(kw: dict) -> list[torch.Tensor]:
     # [T, N]: sum_k |x[t, k] * w[n, k]|, plus |bias|
-    mag = kw["x"].double().abs() @ wf.abs().t()
+    mag = kw["x"].double().abs() @ _dequantized(kw["w"]).abs().t()
     return [mag if kw.get("bias") is None else mag + kw["bias"].double().abs()]
 
 
 def _block_diagonal_scale(kw: dict) -> list[torch.Tensor]:
-    from shuili.platforms.reference.public import dequantize_weight
-
-    w = kw["w"]
-    wf = (w.data if w.format == "dense" else dequantize_weight(w)).double().abs()  # [G, N, K]
+    wf = _dequantized(kw["w"]).abs()  # [G, N, K]
     g, n, k = wf.shape
     x = kw["x"].double().abs()
     # [T, G*N]: block g's sum_k |x[t, g*K + k] * w[g, n, k]|
@@ -231,13 +231,8 @@ def _moe_scale(kw: dict) -> list[torch.Tensor]:
     """[T, D]: the magnitudes an expert output's rounding error scales with. Per (token, slot):
     GEMM1's terms |W13| @ |x| carry into a = silu(g) * u through its slope (|u| silu'(g) +
     |silu(g)|, silu' <= 1.1), and GEMM2's terms are |W2| @ (|a| + that), weighted by |w|."""
-    from shuili.platforms.reference.public import dequantize_weight
-
-    def dense(w):
-        return (w.data if w.format == "dense" else dequantize_weight(w)).double()
-
     x, ids, wts = kw["x"].double(), kw["topk_ids"].long(), kw["topk_weights"].double()
-    w13, w2, lim = dense(kw["w13"]), dense(kw["w2"]), kw.get("swiglu_limit")
+    w13, w2, lim = _dequantized(kw["w13"]), _dequantized(kw["w2"]), kw.get("swiglu_limit")
     inter = w13.shape[1] // 2
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64)
     for j in range(ids.shape[1]):
