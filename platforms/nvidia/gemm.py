@@ -283,11 +283,11 @@ def block_diagonal_linear(x: torch.Tensor, w: Weight, *, batch_invariant: bool =
     """x [T, G*K], W [G, N, K] -> [T, G*N]. qgemm's formats: the grouped launch on the blocks where
     they lie (grouped_linear's bits for the regrouped rows); others: grouped_linear on regrouped
     copies."""
-    check_block_diagonal_args(x, w)
-    g, n, _ = w.shape
-    if not (USE_QGEMM and qgemm.supports(w)):
+    if not (USE_QGEMM and qgemm.supports(w)):  # the composition checks the arguments
         grouped = functools.partial(grouped_linear, batch_invariant=batch_invariant)
         return composed_block_diagonal_linear(grouped)(x, w)
+    check_block_diagonal_args(x, w)
+    g, n, _ = w.shape
     y = torch.empty(x.shape[0], g * n, dtype=x.dtype, device=x.device)
     if x.shape[0] == 0 or n == 0:
         return y
