@@ -12,6 +12,7 @@ over the 4.8 TB/s datasheet rate. Each shape is checked against a float32 torch 
     python benchmarks/nvidia_qgemm.py --sweep-moe | --moe-ab    (MoE tile knobs, qgemm.MOE_TILES)
     python benchmarks/nvidia_qgemm.py --asm-ab                  (mxfp4 decode: inline PTX vs float32)
     python benchmarks/nvidia_qgemm.py --scale-ab                (mxfp4 scales: row- vs K-group-major)
+    python benchmarks/nvidia_qgemm.py --korder-ab               (mxfp4 bf16 tiles: K order vs even/odd)
     ncu ... python benchmarks/nvidia_qgemm.py --moe-once 64     (one MoE shape, three calls, for a profiler)
 """
 from __future__ import annotations
@@ -323,6 +324,39 @@ def asm_ab(ts=(1, 16, 64, 256), ms=(1, 64, 256)):
               f"same bits: {same}", flush=True)
 
 
+def korder_ab(ts=(1, 16, 64, 256), ms=(1, 16)):
+    """mxfp4 weights against bf16 activations in tiles under 64 rows (qgemm.MXFP4_BF16_EVEN_ODD): the
+    tile dotted in K order against the even-K and odd-K halves. The two sum in other orders (other
+    bits); each must match itself run to run. Timed alternating, best of two: the MoE (default and
+    batch-invariant mode) and the 4096 x 4096 linear."""
+    keep = qgemm.MXFP4_BF16_EVEN_ODD
+    cases = []
+    ws = mxfp4_moe_weights()
+    for t in ts:
+        x, ids, wts = moe_inputs(t)
+        for bi in (False, True):
+            moe = [lambda p=p, x=x, ids=ids, wts=wts, bi=bi:
+                   gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0, batch_invariant=bi) for p in ws]
+            cases.append((f"moe T{t}{' BI' if bi else ''}", moe))
+    lw = copies(lambda: rand_weight("mxfp4", (4096, 4096)), 4096 * 4096)
+    for m in ms:
+        x = torch.randn(m, 4096, device=DEV, dtype=BF)
+        cases.append((f"linear M{m} N4096 K4096", [lambda w=w, x=x: gemm.linear(x, w) for w in lw]))
+    for name, calls in cases:
+        res, stable = {False: [], True: []}, True
+        for eo in (False, True):
+            qgemm.MXFP4_BF16_EVEN_ODD = eo
+            stable &= torch.equal(calls[0]().view(torch.int16), calls[0]().view(torch.int16))
+        for _ in range(2):
+            for eo in (False, True):
+                qgemm.MXFP4_BF16_EVEN_ODD = eo
+                res[eo].append(graph_time(calls))
+        qgemm.MXFP4_BF16_EVEN_ODD = keep
+        e, k = min(res[True]), min(res[False])
+        print(f"korder-ab {name:<24} even/odd {e * 1e6:7.1f} us, K order {k * 1e6:7.1f} us, {e / k:5.2f}x, "
+              f"run to run: {stable}", flush=True)
+
+
 def kgroup_major(w: Weight) -> Weight:
     """The same mxfp4 weight with its scales stored K-group-major ([..., K/32, N], seen as
     [..., N, K/32]): a K step's scale bytes of BN rows lie in one run, not a sector per row."""
@@ -413,6 +447,7 @@ if __name__ == "__main__":
                     "E32, top-6): moe_prep.TILE_VALUES x PREP_WARPS, CUDA-graph replay")
     ap.add_argument("--asm-ab", action="store_true", help="only the mxfp4 decodes: inline PTX vs float32")
     ap.add_argument("--scale-ab", action="store_true", help="only mxfp4 scales: row-major vs K-group-major")
+    ap.add_argument("--korder-ab", action="store_true", help="only mxfp4 bf16 tiles: K order or even/odd")
     ap.add_argument("--quick", action="store_true", help="two linear shapes, M in 1, 64, 256")
     ap.add_argument("--no-bi", action="store_true")
     a = ap.parse_args()
@@ -433,6 +468,9 @@ if __name__ == "__main__":
         raise SystemExit(0)
     if a.scale_ab:
         scale_ab()
+        raise SystemExit(0)
+    if a.korder_ab:
+        korder_ab()
         raise SystemExit(0)
     if a.sweep_moe or a.moe_ab:
         cands = [tuple(int(v) for v in c.split(",")) for c in a.moe_candidates.split(";") if c]

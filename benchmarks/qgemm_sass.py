@@ -53,6 +53,7 @@ def compile_kernel(old, fmt, bm, bn, bk, nw, ns, grouped=False, swiglu=False, xi
         vals["PLANES"] = planes
         vals["ASM_E2M1"] = qgemm.ASM_E2M1
         vals["DIAG"] = diag
+        vals["BF16_EVEN_ODD"] = qgemm.MXFP4_BF16_EVEN_ODD
         vals["s_sg"] = 1  # row-major scales: the launcher specialises the stride 1 to a constant
     act = "*fp32" if (f32 or (hilo and not planes)) else "*bf16"
     out = "*fp32" if (split > 1 or (swiglu and not planes) or yidx or hilo or f32) else "*bf16"

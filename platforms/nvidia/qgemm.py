@@ -75,6 +75,13 @@ MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (32, 64, 4, 3), "gemm2": (128,
 # T64 and T256 even: the loop's instructions fell by a quarter, and only the smallest batches were
 # bound by them
 ASM_E2M1 = os.environ.get("SHUILI_NVIDIA_ASM_E2M1", "1") == "1"
+# mxfp4 against bf16 activations in tiles under 64 rows: 1 dots the even-K and odd-K halves (the
+# activations split into even and odd columns by byte permutes), 0 dots the tile in K order (each
+# MMA's activation fragment then gathered by register moves). The same values summed in another
+# order, so other bits. Compiled for sm_90 (benchmarks/qgemm_sass.py), the halves take fewer
+# instructions a K step (MoE GEMM1 at 16 x 32 x 64: 203 against 252); nvidia_qgemm.py --korder-ab
+# times the two
+MXFP4_BF16_EVEN_ODD = os.environ.get("SHUILI_NVIDIA_MXFP4_BF16_EVEN_ODD", "1") == "1"
 # float32 activations (IEEE dots, FMA on CUDA cores) take K in steps of 32: at 128 the operand
 # tiles spill by kilobytes per thread
 F32_BK = 32
@@ -91,11 +98,13 @@ def _to_bf16(v):
 
 @triton.jit
 def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, s_sg, BN: tl.constexpr,
-                BK: tl.constexpr, BF16: tl.constexpr):
-    """Weight tile of an mxfp4 weight (float32, exact; BF16: bf16 by quant.e2m1_bf16_x8, GPU only)
-    as its even-K and odd-K halves [BN, BK / 2] (low and high nibbles). The bytes load as int32 words
-    [BN, BK/32, 4]: the 32-element scale group is an axis, so one e8m0 byte per group broadcasts in
-    registers. Byte strides are multiples of 4 and the data 4-byte aligned (_weight_args)."""
+                BK: tl.constexpr, BF16: tl.constexpr, EVEN_ODD: tl.constexpr):
+    """Weight tile of an mxfp4 weight: float32 (exact) as its even-K and odd-K halves [BN, BK / 2]
+    (low and high nibbles); BF16 (quant.e2m1_bf16_x8, GPU only): bf16, the halves if EVEN_ODD, else
+    [BN, BK] in K order, twice.
+    The bytes load as int32 words [BN, BK/32, 4]: the 32-element scale group is an axis, so one e8m0
+    byte per group broadcasts in registers. Byte strides are multiples of 4 and the data 4-byte aligned
+    (_weight_args)."""
     G: tl.constexpr = BK // 32
     gi = tl.arange(0, G)
     jj = tl.arange(0, 4)
@@ -106,10 +115,19 @@ def _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, s_
     sb = tl.load(s_ptr + e * s_se + cols[:, None] * s_sn + (gk // 32)[None, :] * s_sg, mask=gok, other=127)
     if BF16:
         pair = tl.broadcast_to(e8m0_bf16_pair(sb.to(tl.int32))[:, :, None], (BN, G, 4))
-        lo, hi = e2m1_bf16_x8(word, pair)  # [BN, G, 4, 4] each
+        if EVEN_ODD:
+            lo, hi = e2m1_bf16_x8(word, pair, True)
+            lo = tl.reshape(lo, (BN, BK // 2))
+            hi = tl.reshape(hi, (BN, BK // 2))
+        else:
+            lo, hi = e2m1_bf16_x8(word, pair)
+            lo = tl.reshape(lo, (BN, BK))
+            hi = lo
     else:
         lo, hi = e2m1_x8(word, sb.to(tl.int32)[:, :, None])
-    return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
+        lo = tl.reshape(lo, (BN, BK // 2))
+        hi = tl.reshape(hi, (BN, BK // 2))
+    return lo, hi
 
 
 @triton.jit
@@ -147,8 +165,8 @@ def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, 
             s_sg, FMT: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr,
             NATIVE_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
             EVEN_ODD: tl.constexpr, ASM_E2M1: tl.constexpr):
-    """acc + a @ W[e, cols, k0:k0+BK]^T (al: a's lo part, see _dot). EVEN_ODD (mxfp4): as
-    ae @ W_even^T + ao @ W_odd^T, where ae, ao [BM, BK/2] are a's even and odd columns (ale, alo:
+    """acc + a @ W[e, cols, k0:k0+BK]^T (al: a's lo part, see _dot). EVEN_ODD (mxfp4, float32 dots):
+    as ae @ W_even^T + ao @ W_odd^T, where ae, ao [BM, BK/2] are a's even and odd columns (ale, alo:
     al's)."""
     wt = a.dtype
     if HILO:
@@ -161,12 +179,15 @@ def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, 
         out = acc + part * sc[None, :]
     else:
         asm: tl.constexpr = wt == tl.bfloat16 and ASM_E2M1
-        lo, hi = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, s_sg, BN, BK, asm)
+        lo, hi = _mxfp4_tile(w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn, s_sg, BN, BK, asm,
+                             EVEN_ODD)
         if wt == tl.bfloat16 and not asm:
             lo = _to_bf16(lo)
             hi = _to_bf16(hi)
         if EVEN_ODD:
             out = _dot(_dot(acc, ae, ale, lo.to(wt), F32, HILO, PLANES), ao, alo, hi.to(wt), F32, HILO, PLANES)
+        elif asm:
+            out = _dot(acc, a, al, lo, F32, HILO, PLANES)  # lo is the whole tile, in K order
         else:
             w = tl.reshape(tl.join(lo, hi), (BN, BK))  # low nibble = even K
             out = _dot(acc, a, al, w.to(wt), F32, HILO, PLANES)
@@ -181,7 +202,7 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr,
                   F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr, NATIVE_FP8: tl.constexpr,
                   ASM_E2M1: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, DIAG: tl.constexpr = False):
+                  BK: tl.constexpr, DIAG: tl.constexpr = False, BF16_EVEN_ODD: tl.constexpr = False):
     """y[rows, cols] = x[rows] @ W[e, cols]^T over K chunk program_id(2).
     GROUPED: program_id(0) indexes the tile map (group, first row, end row; group -1 = unused).
     DIAG (with GROUPED, no tile map): block diagonal, M rows in every group; program_id(0) is
@@ -224,10 +245,11 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
     acc_u = tl.zeros([BM, BN], tl.float32)
     k_lo = tl.program_id(2) * KC
     k_hi = tl.minimum(k_lo + KC, K)
-    # mma.sync tiles (below 64 rows) take mxfp4 as two dots over the even and odd K: their operand
-    # layout then holds each thread's nibbles in its own registers (the K-order interleave cost
-    # register moves); 64-row warpgroup MMAs read the weight from shared memory, interleaved
-    EVEN_ODD: tl.constexpr = FMT == 2 and BM < 64
+    # float32 dots below 64 rows take mxfp4 as two dots over the even and odd K: the operand layout
+    # then holds each thread's nibbles in its own registers (the K-order interleave cost register
+    # moves). bf16 dots do so with BF16_EVEN_ODD (see MXFP4_BF16_EVEN_ODD), else take the tile in K
+    # order (the PTX decode pairs K-adjacent codes; the float32 decode's halves interleave back)
+    EVEN_ODD: tl.constexpr = FMT == 2 and BM < 64 and (F32 or BF16_EVEN_ODD)
     for k0 in range(k_lo, k_hi, BK):
         kk = k0 + tl.arange(0, BK)
         xo = src[:, None] * s_xm + kk[None, :]
@@ -393,7 +415,7 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
         PLANES=plane > 0, NATIVE_FP8=not interpreting(),
         ASM_E2M1=ASM_E2M1 and not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk, DIAG=diag,
-        num_warps=warps, num_stages=stages, **regs)
+        BF16_EVEN_ODD=MXFP4_BF16_EVEN_ODD, num_warps=warps, num_stages=stages, **regs)
     if split > 1:
         splitk.split_sum(out, bias, y)
     return y

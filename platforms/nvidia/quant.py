@@ -156,52 +156,66 @@ def e8m0_bf16_pair(sb):
 
 
 # An int32 word of mxfp4 codes (byte j: code 2j low nibble, 2j + 1 high) times a bf16x2 scale pair
-# ($9) -> eight bf16: $0..$3 the low-nibble codes of bytes 0..3, $4..$7 the high ones. A code's
-# magnitude (3 bits) picks the high and the low byte of its bf16 value out of two 8-byte tables with
-# one prmt per four codes (high bytes 00 3F 3F 3F 40 40 40 40, low bytes 00 00 80 C0 00 40 80 C0:
-# 0, 0.5, 1, 1.5, 2, 3, 4, 6); the sign nibbles (0 or 1 after the shift) pick 0x00 or 0x80 the same
-# way; byte permutes pair the bytes into bf16 values, two a register. The products with the scale
-# are exact (two significant bits times a power of two), and PTX's bf16 multiply has no
-# flush-to-zero form: subnormal results stay (2^-128 at the least).
-_E2M1_BF16_ASM = tl.constexpr("""{
-.reg .b32 m, mh, s, sh, h0, l0, h1, l1, g0, g1, a, b, c, d;
+# ($9) -> eight bf16, $i = code i. A code's magnitude (3 bits) picks the high and the low byte of its
+# bf16 value out of two 8-byte tables with one prmt per four codes (high bytes 00 3F 3F 3F 40 40 40
+# 40, low bytes 00 00 80 C0 00 40 80 C0: 0, 0.5, 1, 1.5, 2, 3, 4, 6). The signs need no table: a
+# code's sign bit is the top bit of a byte of the word (odd codes) or of the word shifted left by 4
+# (even codes), and prmt's sign-replicate selectors (nibble bit 3) copy it across the output byte.
+# Byte permutes then pair the bytes into bf16 values, two a 32-bit register: K-adjacent codes (0, 1),
+# (2, 3), ... (the pairs a bf16 MMA operand holds, so a tile in K order needs no register moves), or
+# with EVEN_ODD (0, 2), (1, 3), ... The products with the scale are exact (two significant bits times
+# a power of two), and PTX's bf16 multiply has no flush-to-zero form: subnormal results stay (2^-128
+# at the least).
+_E2M1_BF16_TEMPLATE = """{
+.reg .b32 m, mh, w4, h0, l0, h1, l1, g0, g1, a, b, c, d;
 and.b32 m, $8, 0x77777777;
 shr.u32 mh, m, 16;
-and.b32 s, $8, 0x88888888;
-shr.u32 s, s, 3;
-shr.u32 sh, s, 16;
+shl.b32 w4, $8, 4;
 prmt.b32 h0, 0x3F3F3F00, 0x40404040, m;
 prmt.b32 l0, 0xC0800000, 0xC0804000, m;
 prmt.b32 h1, 0x3F3F3F00, 0x40404040, mh;
 prmt.b32 l1, 0xC0800000, 0xC0804000, mh;
-prmt.b32 g0, 0x00008000, 0, s;
-prmt.b32 g1, 0x00008000, 0, sh;
+prmt.b32 g0, w4, $8, 0xD9C8;
+prmt.b32 g1, w4, $8, 0xFBEA;
+and.b32 g0, g0, 0x80808080;
+and.b32 g1, g1, 0x80808080;
 or.b32 h0, h0, g0;
 or.b32 h1, h1, g1;
-prmt.b32 a, l0, h0, 0x6240;
-prmt.b32 b, l0, h0, 0x7351;
-prmt.b32 c, l1, h1, 0x6240;
-prmt.b32 d, l1, h1, 0x7351;
+prmt.b32 a, l0, h0, PA;
+prmt.b32 b, l0, h0, PB;
+prmt.b32 c, l1, h1, PA;
+prmt.b32 d, l1, h1, PB;
 mul.rn.bf16x2 a, a, $9;
 mul.rn.bf16x2 b, b, $9;
 mul.rn.bf16x2 c, c, $9;
 mul.rn.bf16x2 d, d, $9;
-mov.b32 {$0, $1}, a;
-mov.b32 {$2, $3}, c;
-mov.b32 {$4, $5}, b;
-mov.b32 {$6, $7}, d;
-}""")
+OUT
+}"""
+_E2M1_BF16_ASM = tl.constexpr(_E2M1_BF16_TEMPLATE.replace("PA", "0x5140").replace("PB", "0x7362").replace(
+    "OUT", "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\nmov.b32 {$4, $5}, c;\nmov.b32 {$6, $7}, d;"))
+_E2M1_BF16_EO_ASM = tl.constexpr(_E2M1_BF16_TEMPLATE.replace("PA", "0x6240").replace("PB", "0x7351").replace(
+    "OUT", "mov.b32 {$0, $2}, a;\nmov.b32 {$1, $3}, b;\nmov.b32 {$4, $6}, c;\nmov.b32 {$5, $7}, d;"))
 
 
 @triton.jit
-def e2m1_bf16_x8(word, pair):
-    """e2m1_x8's (lo, hi), [..., 4] each, as bf16 (the same values: exact), for int32 words and the
-    e8m0_bf16_pair of their scales. GPU only (PTX inline assembly); the interpreter takes e2m1_x8."""
-    l0, l1, l2, l3, h0, h1, h2, h3 = tl.inline_asm_elementwise(
-        _E2M1_BF16_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [word, pair], dtype=(tl.bfloat16,) * 8, is_pure=True,
-        pack=1)
-    # join(join(x0, x2), join(x1, x3))[..., p, q] = x_{2p + q}
-    return tl.join(tl.join(l0, l2), tl.join(l1, l3)), tl.join(tl.join(h0, h2), tl.join(h1, h3))
+def e2m1_bf16_x8(word, pair, EVEN_ODD: tl.constexpr = False):
+    """int32 words [...] of mxfp4 codes and the e8m0_bf16_pair of their scales -> the words' codes as
+    bf16 (e2m1_x8's values, exact): EVEN_ODD, e2m1_x8's (lo, hi), [..., 2, 2] each; else (v, unused),
+    v [..., 2, 2, 2] the eight codes in K order once the last three axes are flattened. GPU only (PTX
+    inline assembly); the interpreter takes e2m1_x8."""
+    if EVEN_ODD:
+        c = tl.inline_asm_elementwise(_E2M1_BF16_EO_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [word, pair],
+                                      dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    else:
+        c = tl.inline_asm_elementwise(_E2M1_BF16_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [word, pair],
+                                      dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    # each join adds the fastest axis: [..., r, p, q] = c[4r + 2p + q]
+    ev = tl.join(tl.join(c[0], c[4]), tl.join(c[2], c[6]))
+    od = tl.join(tl.join(c[1], c[5]), tl.join(c[3], c[7]))
+    if not EVEN_ODD:
+        ev = tl.join(ev, od)
+    # EVEN_ODD: ev[..., r, p] = c[2(2r + p)], od the next codes
+    return ev, od
 
 
 # ----------------------------------------------------------------------------------- row access

@@ -140,35 +140,43 @@ def test_mxfp4_decode_every_code_and_scale(device):
 
 
 @triton.jit
-def _decode_bf16_kernel(w_ptr, s_ptr, b_ptr, N: tl.constexpr):
+def _decode_bf16_kernel(w_ptr, s_ptr, b_ptr, N: tl.constexpr, EVEN_ODD: tl.constexpr):
     r = tl.arange(0, N)
     word = tl.load(w_ptr + r[:, None] * 4 + tl.arange(0, 4)[None, :])
     pair = tl.broadcast_to(e8m0_bf16_pair(tl.load(s_ptr + r).to(tl.int32))[:, None], (N, 4))
-    lo, hi = e2m1_bf16_x8(word, pair)
-    v = tl.reshape(tl.join(tl.reshape(lo, (N, 16)), tl.reshape(hi, (N, 16))), (N, 32))
+    lo, hi = e2m1_bf16_x8(word, pair, EVEN_ODD)
+    if EVEN_ODD:
+        v = tl.reshape(tl.join(tl.reshape(lo, (N, 16)), tl.reshape(hi, (N, 16))), (N, 32))
+    else:
+        v = tl.reshape(lo, (N, 32))
     tl.store(b_ptr + r[:, None] * 32 + tl.arange(0, 32)[None, :], v)
 
 
 @pytest.mark.skipif(interpreting(), reason="PTX inline assembly: GPU only (the interpreter takes e2m1_x8)")
-def test_mxfp4_bf16_decode_every_code_and_scale(device):
-    """The inline-PTX decode (byte permutes, bf16 multiplies) the mxfp4 GEMMs use with bf16 activations:
-    all 16 codes at every e8m0 byte give the reference's value as bf16, bit for bit (NaN as NaN):
-    subnormal products at bytes 0..2, inf at 253..254."""
+@pytest.mark.parametrize("even_odd", [False, True])
+def test_mxfp4_bf16_decode_every_code_and_scale(device, even_odd):
+    """The inline-PTX decode (byte permutes, bf16 multiplies) the mxfp4 GEMMs use with bf16 activations,
+    in K order and as even/odd halves: all 16 codes at every e8m0 byte give the reference's value as
+    bf16, bit for bit (NaN as NaN): subnormal products at bytes 0..2, inf at 253..254; negative
+    codes in every nibble (the signs come from the word's bytes, not from a table)."""
     n = 256
-    codes = torch.arange(16, dtype=torch.uint8).repeat(n, 2)
+    # row r: codes p + r (mod 16) at positions p, so every code meets every scale and every nibble
+    codes = ((torch.arange(32)[None, :] + torch.arange(n)[:, None]) % 16).to(torch.uint8)
     data = codes[:, 0::2] | (codes[:, 1::2] << 4)
     scale = torch.arange(n, dtype=torch.uint8)[:, None]
     want = quant.dequantize_weight(Weight("mxfp4", data, scale, (n, 32))).to(torch.bfloat16)
     b = torch.empty(n, 32, dtype=torch.bfloat16, device=device)
-    _decode_bf16_kernel[(1,)](data.to(device).view(torch.int32), scale.to(device), b, N=n)
+    _decode_bf16_kernel[(1,)](data.to(device).view(torch.int32), scale.to(device), b, N=n, EVEN_ODD=even_odd)
     b = b.cpu()
     assert torch.isnan(b[255]).all() and not torch.isnan(b[:255]).any()
     assert torch.equal(b[:255].view(torch.int16), want[:255].view(torch.int16))
 
 
-def test_qgemm_mxfp4_decodes_agree(device):
-    """The GEMMs give the same bits with either mxfp4 decode (bf16 activations): on a GPU the PTX one
-    against the float32 one, under the interpreter the float32 one twice (the switch is ignored)."""
+@pytest.mark.parametrize("even_odd", [False, True])
+def test_qgemm_mxfp4_decodes_agree(device, even_odd):
+    """The GEMMs give the same bits with either mxfp4 decode (bf16 activations), with the tile in K
+    order and as even/odd halves (qgemm.MXFP4_BF16_EVEN_ODD): on a GPU the PTX one against the float32
+    one, under the interpreter the float32 one twice (the switch is ignored)."""
     w = on(weight("mxfp4", (96, 256), seed=52), device, torch.bfloat16)
     x = rnd(24, 256, seed=53).to(torch.bfloat16).to(device)
     e, k = 8, 2
@@ -178,7 +186,8 @@ def test_qgemm_mxfp4_decodes_agree(device):
     ids = torch.stack([torch.randperm(e, generator=g(57 + i))[:k] for i in range(10)]).to(device)
     wts = torch.softmax(rnd(10, k, seed=58), -1).to(device)
     outs = {}
-    keep = qgemm.ASM_E2M1
+    keep = qgemm.ASM_E2M1, qgemm.MXFP4_BF16_EVEN_ODD
+    qgemm.MXFP4_BF16_EVEN_ODD = even_odd
     try:
         for asm in (False, True):
             qgemm.ASM_E2M1 = asm
@@ -186,7 +195,7 @@ def test_qgemm_mxfp4_decodes_agree(device):
             outs[asm] += [gemm.moe_experts(xm, ids, wts, w13, w2, 10.0, batch_invariant=bi)
                           for bi in (False, True)]
     finally:
-        qgemm.ASM_E2M1 = keep
+        qgemm.ASM_E2M1, qgemm.MXFP4_BF16_EVEN_ODD = keep
     for a, b in zip(outs[False], outs[True]):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
