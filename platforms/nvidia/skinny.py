@@ -23,8 +23,12 @@ from shuili.platforms.nvidia.common import cdiv, pow2
 MAX_N = 64  # wider outputs go to the general GEMMs: one program holds all N columns
 BK = 64
 # (BM rows a program, MIN_KC, CHUNKS, warps[, stages]): K in about CHUNKS chunks of at least MIN_KC (a
-# multiple of BK). benchmarks/nvidia_skinny.py --sweep times candidates on a GPU
-TILE = (16, 128, 32, 4)
+# multiple of BK). benchmarks/nvidia_skinny.py times candidates on a GPU: on an H100 (2026-12-07,
+# graphs of 20 calls) mid-v4's hc_mix took 13.2 us here against 17.1 at (16, 128, 32, 4), its router
+# 8.3 against 10.0, the head's mix 12.3 against 10.5. Chunks of 128 stay 128 up to K = 8192, so
+# tiny-v4's chunking (and nvidia's locked baseline) is unchanged; mid-v4's hc_mix K (8192) now
+# takes 64 chunks, not 32 (other bits)
+TILE = (16, 128, 64, 2)
 
 
 @triton.jit
