@@ -12,7 +12,7 @@ query position before the grouped output projection.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +41,12 @@ class Compressor:
     dim: int
     ratio: int
     coff: int
+    # float32 [ratio, 2 * coff * dim]: -0.0 over the kv columns, then ape. x + -0.0 is x bit for bit
+    # (+0, -0, inf and NaN included), so one add writes kv | gate + ape with no copy of the kv half
+    ape_row: torch.Tensor = field(init=False)
+
+    def __post_init__(self):
+        self.ape_row = torch.cat([torch.full_like(self.ape, -0.0), self.ape], dim=1)
 
 
 @dataclass
@@ -376,9 +382,9 @@ class DeepseekV4Model:
 
     def _comp_proj(self, c: Compressor, x: torch.Tensor, meta: _Meta, out: torch.Tensor) -> None:
         """out (float32 [T, 2*coff*dim], a view of the state row) = kv, then gate + ape[pos % ratio]:
-        written in place, so neither part nor the CSA pair is concatenated (a kernel each)."""
-        out.copy_(self.ops.linear(x, c.w))
-        out[:, c.coff * c.dim:].add_(c.ape[meta.pos_mod[c.ratio]])  # `+=` on a slice would copy it back
+        one add into place (the kv half adds -0.0), so neither part nor the CSA pair is copied or
+        concatenated."""
+        torch.add(self.ops.linear(x, c.w), c.ape_row[meta.pos_mod[c.ratio]], out=out)
 
     def _emit(self, c: Compressor, state: torch.Tensor, off: int, new: _NewEntries, out: torch.Tensor,
               fmt: str) -> None:

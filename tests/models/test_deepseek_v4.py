@@ -165,3 +165,16 @@ def test_mtp_block_matches_hf_layer(ops, tmp_path):
     y = ((pre + cfg.hc_eps)[..., None] * y).sum(1)
     ref = rms(y, f["mtp.0.norm.weight"]) @ w("head.weight").T
     assert _rel(got.double(), ref) <= TOL
+
+
+def test_compressor_ape_row_adds_nothing_to_the_kv_half():
+    """_comp_proj writes kv | gate + ape in one add of ape_row: its kv half is -0.0, which leaves every
+    value's bits as they were (+0 and -0, inf, NaN, subnormals), and its gate half is ape."""
+    ape = torch.randn(4, 6)
+    c = V.Compressor(V.Weight.dense(torch.zeros(12, 8)), ape, torch.ones(3), dim=3, ratio=4, coff=2)
+    assert c.ape_row.shape == (4, 12) and torch.equal(c.ape_row[:, 6:], ape)
+    kv = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45])
+    got = (kv[None] + c.ape_row[:, :6]).view(torch.int32)
+    assert torch.equal(got, kv.view(torch.int32)[None].expand(4, -1))
+    # a +0.0 pad would not do: -0.0 + +0.0 is +0.0
+    assert (torch.tensor(-0.0) + 0.0).view(torch.int32) != torch.tensor(-0.0).view(torch.int32)
