@@ -31,6 +31,17 @@ class HC:
     fn: Weight  # float32 dense [m(m+2), m*D] (or [m, m*D] for a head)
     base: torch.Tensor
     scale: torch.Tensor
+    # a head's (one scale) base and scale as hc_split_sinkhorn's [m(m+2)] and [3]: zeros after its m
+    # pre columns, ones after its scale; built once, not in every step's logits
+    sinkhorn_base: torch.Tensor | None = field(default=None, init=False)
+    sinkhorn_scale: torch.Tensor | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        if self.scale.numel() == 1:
+            m = self.base.numel()
+            dev = self.base.device
+            self.sinkhorn_base = torch.cat([self.base.float(), torch.zeros(m * (m + 1), device=dev)])
+            self.sinkhorn_scale = torch.cat([self.scale.float().reshape(1), torch.ones(2, device=dev)])
 
 
 @dataclass
@@ -300,10 +311,8 @@ class DeepseekV4Model:
         # pre = sigmoid(mix * scale + base) + eps is the first output of the mHC op; going through
         # it keeps the transcendental off torch's CPU kernels, whose bits depend on a row's place
         # in the buffer (vector body vs scalar tail)
-        pad = torch.zeros(T, m * (m + 1), dtype=torch.float32, device=x.device)
-        scale = torch.cat([hc.scale.float().reshape(1), torch.ones(2, device=x.device)])
-        base = torch.cat([hc.base.float(), torch.zeros(m * (m + 1), device=x.device)])
-        pre = ops.hc_split_sinkhorn(torch.cat([mix, pad], -1), scale, base, m, 1, cfg.hc_eps)[0]
+        mix = torch.nn.functional.pad(mix, (0, m * (m + 1)))
+        pre = ops.hc_split_sinkhorn(mix, hc.sinkhorn_scale, hc.sinkhorn_base, m, 1, cfg.hc_eps)[0]
         y = ops.hc_collapse(x, pre)  # the streams are in self.dtype, so no second cast
         return ops.linear(ops.rms_norm(y, norm, cfg.rms_norm_eps), self.head).float()
 
