@@ -25,9 +25,9 @@ BK = 64
 # (BM rows a program, MIN_KC, CHUNKS, warps[, stages]): K in about CHUNKS chunks of at least MIN_KC (a
 # multiple of BK). benchmarks/nvidia_skinny.py times candidates on a GPU: on an H100 (2026-12-07,
 # graphs of 20 calls) mid-v4's hc_mix took 13.2 us here against 17.1 at (16, 128, 32, 4), its router
-# 8.3 against 10.0, the head's mix 12.3 against 10.5. Chunks of 128 stay 128 up to K = 8192, so
-# tiny-v4's chunking (and nvidia's locked baseline) is unchanged; mid-v4's hc_mix K (8192) now
-# takes 64 chunks, not 32 (other bits)
+# 8.3 against 10.0, the head's mix 12.3 against 10.5. Both tiles cut any K <= 4096 into chunks of
+# 128, so tiny-v4's sums (K <= 1024) and nvidia's locked baseline are unchanged; mid-v4's hc_mix
+# (K = 8192) now sums 64 chunks of 128, not 32 of 256 (other bits)
 TILE = (16, 128, 64, 2)
 
 

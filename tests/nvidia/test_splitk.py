@@ -45,3 +45,13 @@ def test_skinny_tile_may_name_stages(device, monkeypatch):
     monkeypatch.setattr(skinny, "_partials_kernel", Spy())
     got = skinny.partials(x, w, sumsq=True, tile=skinny.TILE[:4] + (1,))
     assert seen == [1] and torch.equal(got, want)
+
+
+def test_skinny_tile_keeps_tiny_v4_chunking():
+    """nvidia's locked tiny-v4 baseline was recorded with the tile (16, 128, 32, 4): a TILE that cut
+    tiny-v4's skinny K (the mHC mixes' m * D, the router's D) otherwise would change its bits."""
+    from shuili.core.models.deepseek_v4_config import named
+
+    cfg = named("tiny-v4")
+    for k in (cfg.hc_mult * cfg.hidden_size, cfg.hidden_size):
+        assert skinny.chunk(k) == skinny.chunk(k, (16, 128, 32, 4)), k
