@@ -289,11 +289,10 @@ def moe_tiles_ab(ts=(1, 16, 64, 256)):
         print(f"moe-ab T{t}: generic {g * 1e6:7.1f} us, {chosen} {c * 1e6:7.1f} us, {g / c:5.2f}x", flush=True)
 
 
-def asm_ab(ts=(1, 16, 64, 256), ms=(1, 64, 256)):
-    """mxfp4 weights with bf16 activations, decoded by quant.e2m1_bf16_x8 (qgemm.ASM_E2M1) against the
-    float32 decode: the same bits are required (both give exact bf16 operands), then each is timed,
-    alternating, best of two. MoE (default and batch-invariant mode) and the 4096 x 4096 linear."""
-    keep = qgemm.ASM_E2M1
+def mxfp4_cases(ts, ms, linear_modes):
+    """(name, calls) of mid-v4's mxfp4 MoE at each T in ts (default and batch-invariant mode) and of
+    the mxfp4 4096 x 4096 linear at each M in ms (in each batch-invariant mode of linear_modes), bf16
+    activations; calls: one per weight copy (graph_time's)."""
     cases = []
     ws = mxfp4_moe_weights()
     for t in ts:
@@ -305,21 +304,45 @@ def asm_ab(ts=(1, 16, 64, 256), ms=(1, 64, 256)):
     lw = copies(lambda: rand_weight("mxfp4", (4096, 4096)), 4096 * 4096)
     for m in ms:
         x = torch.randn(m, 4096, device=DEV, dtype=BF)
-        for bi in (False, True):
+        for bi in linear_modes:
             cases.append((f"linear M{m} N4096 K4096{' BI' if bi else ''}",
                           [lambda w=w, x=x, bi=bi: gemm.linear(x, w, batch_invariant=bi) for w in lw]))
-    for name, calls in cases:
-        outs, res = {}, {False: [], True: []}
-        for asm in (False, True):
-            qgemm.ASM_E2M1 = asm
-            outs[asm] = calls[0]().clone()
-        same = torch.equal(outs[False].view(torch.int16), outs[True].view(torch.int16))
+    return cases
+
+
+def flag_runs(call, flag: str) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+    """Two outputs of call with qgemm.<flag> off and on (restored after)."""
+    keep, outs = getattr(qgemm, flag), {}
+    try:
+        for v in (False, True):
+            setattr(qgemm, flag, v)
+            outs[v] = (call().clone(), call().clone())
+    finally:
+        setattr(qgemm, flag, keep)
+    return outs
+
+
+def flag_times(calls, flag: str) -> tuple[float, float]:
+    """graph_time of calls with qgemm.<flag> off and on, alternating, best of two each."""
+    keep, res = getattr(qgemm, flag), {False: [], True: []}
+    try:
         for _ in range(2):
-            for asm in (False, True):
-                qgemm.ASM_E2M1 = asm
-                res[asm].append(graph_time(calls))
-        qgemm.ASM_E2M1 = keep
-        f, a = min(res[False]), min(res[True])
+            for v in (False, True):
+                setattr(qgemm, flag, v)
+                res[v].append(graph_time(calls))
+    finally:
+        setattr(qgemm, flag, keep)
+    return min(res[False]), min(res[True])
+
+
+def asm_ab(ts=(1, 16, 64, 256), ms=(1, 64, 256)):
+    """mxfp4 weights with bf16 activations, decoded by quant.e2m1_bf16_x8 (qgemm.ASM_E2M1) against the
+    float32 decode: the same bits are required (both give exact bf16 operands), then each is timed,
+    alternating, best of two. MoE (default and batch-invariant mode) and the 4096 x 4096 linear."""
+    for name, calls in mxfp4_cases(ts, ms, (False, True)):
+        outs = flag_runs(calls[0], "ASM_E2M1")
+        same = torch.equal(outs[False][0].view(torch.int16), outs[True][0].view(torch.int16))
+        f, a = flag_times(calls, "ASM_E2M1")
         print(f"asm-ab {name:<26} float32 decode {f * 1e6:7.1f} us, asm {a * 1e6:7.1f} us, {f / a:5.2f}x, "
               f"same bits: {same}", flush=True)
 
@@ -329,30 +352,10 @@ def korder_ab(ts=(1, 16, 64, 256), ms=(1, 16)):
     tile dotted in K order against the even-K and odd-K halves. The two sum in other orders (other
     bits); each must match itself run to run. Timed alternating, best of two: the MoE (default and
     batch-invariant mode) and the 4096 x 4096 linear."""
-    keep = qgemm.MXFP4_BF16_EVEN_ODD
-    cases = []
-    ws = mxfp4_moe_weights()
-    for t in ts:
-        x, ids, wts = moe_inputs(t)
-        for bi in (False, True):
-            moe = [lambda p=p, x=x, ids=ids, wts=wts, bi=bi:
-                   gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0, batch_invariant=bi) for p in ws]
-            cases.append((f"moe T{t}{' BI' if bi else ''}", moe))
-    lw = copies(lambda: rand_weight("mxfp4", (4096, 4096)), 4096 * 4096)
-    for m in ms:
-        x = torch.randn(m, 4096, device=DEV, dtype=BF)
-        cases.append((f"linear M{m} N4096 K4096", [lambda w=w, x=x: gemm.linear(x, w) for w in lw]))
-    for name, calls in cases:
-        res, stable = {False: [], True: []}, True
-        for eo in (False, True):
-            qgemm.MXFP4_BF16_EVEN_ODD = eo
-            stable &= torch.equal(calls[0]().view(torch.int16), calls[0]().view(torch.int16))
-        for _ in range(2):
-            for eo in (False, True):
-                qgemm.MXFP4_BF16_EVEN_ODD = eo
-                res[eo].append(graph_time(calls))
-        qgemm.MXFP4_BF16_EVEN_ODD = keep
-        e, k = min(res[True]), min(res[False])
+    for name, calls in mxfp4_cases(ts, ms, (False,)):
+        stable = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                     for a, b in flag_runs(calls[0], "MXFP4_BF16_EVEN_ODD").values())
+        k, e = flag_times(calls, "MXFP4_BF16_EVEN_ODD")
         print(f"korder-ab {name:<24} even/odd {e * 1e6:7.1f} us, K order {k * 1e6:7.1f} us, {e / k:5.2f}x, "
               f"run to run: {stable}", flush=True)
 
