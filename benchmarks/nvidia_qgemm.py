@@ -13,6 +13,7 @@ over the 4.8 TB/s datasheet rate. Each shape is checked against a float32 torch 
     python benchmarks/nvidia_qgemm.py --asm-ab                  (mxfp4 decode: inline PTX vs float32)
     python benchmarks/nvidia_qgemm.py --scale-ab                (mxfp4 scales: row- vs K-group-major)
     python benchmarks/nvidia_qgemm.py --korder-ab               (mxfp4 bf16 tiles: K order vs even/odd)
+    python benchmarks/nvidia_qgemm.py --moe-times               (the mxfp4 MoE alone, T 1 to 256)
     ncu ... python benchmarks/nvidia_qgemm.py --moe-once 64     (one MoE shape, three calls, for a profiler)
 """
 from __future__ import annotations
@@ -301,7 +302,7 @@ def mxfp4_cases(ts, ms, linear_modes):
             moe = [lambda p=p, x=x, ids=ids, wts=wts, bi=bi:
                    gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0, batch_invariant=bi) for p in ws]
             cases.append((f"moe T{t}{' BI' if bi else ''}", moe))
-    lw = copies(lambda: rand_weight("mxfp4", (4096, 4096)), 4096 * 4096)
+    lw = copies(lambda: rand_weight("mxfp4", (4096, 4096)), 4096 * 4096) if ms else []
     for m in ms:
         x = torch.randn(m, 4096, device=DEV, dtype=BF)
         for bi in linear_modes:
@@ -358,6 +359,13 @@ def korder_ab(ts=(1, 16, 64, 256), ms=(1, 16)):
         k, e = flag_times(calls, "MXFP4_BF16_EVEN_ODD")
         print(f"korder-ab {name:<24} even/odd {e * 1e6:7.1f} us, K order {k * 1e6:7.1f} us, {e / k:5.2f}x, "
               f"run to run: {stable}", flush=True)
+
+
+def moe_times(ts=(1, 16, 64, 256)):
+    """mid-v4's mxfp4 MoE (bf16 activations) at each T, default and batch-invariant mode: graph
+    replays, best of three. Run in two checkouts to compare trees."""
+    for name, calls in mxfp4_cases(ts, (), ()):
+        print(f"moe-times {name:<12} {min(graph_time(calls) for _ in range(3)) * 1e6:7.1f} us", flush=True)
 
 
 def kgroup_major(w: Weight) -> Weight:
@@ -451,6 +459,7 @@ if __name__ == "__main__":
     ap.add_argument("--asm-ab", action="store_true", help="only the mxfp4 decodes: inline PTX vs float32")
     ap.add_argument("--scale-ab", action="store_true", help="only mxfp4 scales: row-major vs K-group-major")
     ap.add_argument("--korder-ab", action="store_true", help="only mxfp4 bf16 tiles: K order or even/odd")
+    ap.add_argument("--moe-times", action="store_true", help="only the mxfp4 MoE's times, T 1 to 256")
     ap.add_argument("--quick", action="store_true", help="two linear shapes, M in 1, 64, 256")
     ap.add_argument("--no-bi", action="store_true")
     a = ap.parse_args()
@@ -474,6 +483,9 @@ if __name__ == "__main__":
         raise SystemExit(0)
     if a.korder_ab:
         korder_ab()
+        raise SystemExit(0)
+    if a.moe_times:
+        moe_times()
         raise SystemExit(0)
     if a.sweep_moe or a.moe_ab:
         cands = [tuple(int(v) for v in c.split(",")) for c in a.moe_candidates.split(";") if c]
