@@ -139,6 +139,13 @@ CASES = [  # (label, old kernel kwargs, new kernel kwargs)
      dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, swiglu=True, xidx=True, limit=True, planes=True)),
     ("mxfp4 moe GEMM2 (12 rows/expert)", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True, hilo=True),
      dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, hilo=True, yidx=True, planes=True)),
+    # the MoE GEMMs at the default-mode decode tiles qgemm.MOE_TILES picks (BN, BK, warps, stages)
+    ("mxfp4 moe GEMM1 at MOE_TILES", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True),
+     dict(fmt=2, bm=16, bn=qgemm.MOE_TILES["gemm1"][0], bk=qgemm.MOE_TILES["gemm1"][1], grouped=True,
+          swiglu=True, xidx=True, limit=True, planes=True, opts=qgemm.MOE_TILES["gemm1"][2:4])),
+    ("mxfp4 moe GEMM2 at MOE_TILES", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True, hilo=True),
+     dict(fmt=2, bm=16, bn=qgemm.MOE_TILES["gemm2"][0], bk=qgemm.MOE_TILES["gemm2"][1], grouped=True,
+          hilo=True, yidx=True, planes=True, opts=qgemm.MOE_TILES["gemm2"][2:4])),
     # the hi/lo split of a float32 input per K step, as grouped_linear still launches it
     ("mxfp4 GEMM2, float32 input split", dict(fmt=2, bm=16, bn=64, bk=128, nw=4, ns=3, grouped=True, hilo=True),
      dict(fmt=2, bm=16, bn=64, bk=128, grouped=True, hilo=True, yidx=True)),
@@ -161,7 +168,8 @@ def main():
     a = ap.parse_args()
     for label, old, new in CASES:
         print(f"{label:<34} old: {report(compile_kernel(True, **old))}", flush=True)
-        nw, ns = new_opts(new["bm"])
+        new = dict(new)
+        nw, ns = new.pop("opts", new_opts(new["bm"]))
         k = compile_kernel(False, nw=nw, ns=ns, **new)
         print(f"{'':<34} new: {report(k)}", flush=True)
         elems = new["bn"] * new["bk"] * (2 if new.get("swiglu") else 1)
