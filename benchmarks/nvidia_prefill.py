@@ -1,0 +1,124 @@
+"""mid-v4 prefill on the NVIDIA platform: one forward over B fresh prompts of L tokens (the engine's
+prefill step without the scheduler), eager as the engine runs prefill, against the bf16 compute
+roofline; and the profile that says where the step's time goes.
+
+Weights are random and drawn on the GPU (timing only), bf16 or the released formats, as in
+nvidia_decode_ctx.py. FLOPs per prompt token are counted from the weights and the config by
+nvidia_e2e.prefill_flops_per_token (2 per weight a token multiplies, routed experts at top-k / E,
+attention and indexer work over the entries each query reads); the ceiling is a bf16 8192^3
+torch.matmul timed in the same call.
+
+    python benchmarks/nvidia_prefill.py --formats bf16,released --batch 2 --len 4096 [--profile] [--bi]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import nvidia_decode_ctx as ctxb  # noqa: E402
+from nvidia_e2e import matmul_rate, prefill_flops_per_token  # noqa: E402
+from shuili.core.models.deepseek_v4 import DeepseekV4Model
+from shuili.core.models.deepseek_v4_config import named
+from shuili.hal import PlatformConfig, resolve_platform
+
+
+def build(a, fmt: str, bi: bool):
+    cfg = named(a.model, **(ctxb.RELEASED_KV if fmt == "released" else {}))
+    ops = resolve_platform(PlatformConfig(platform=a.platform, batch_invariant=bi)).ops
+    params = ctxb.gpu_params(cfg, fmt == "released")
+    model = DeepseekV4Model(cfg, ops, params, device=a.device, dtype="bfloat16", max_model_len=a.len)
+    return cfg, params, model
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def step_times(model, driver, prompts, iters: int) -> list[float]:
+    """Seconds of each forward; every iteration prefills the same prompts at position 0 again."""
+    out = []
+    for i in range(iters + 2):
+        b = driver.batch([(s, p, 0) for s, p in enumerate(prompts)])
+        sync()
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.forward(b)
+        sync()
+        if i >= 2:  # the first two compile and autotune
+            out.append(time.perf_counter() - t)
+    return out
+
+
+def profile(model, driver, prompts, rows: int) -> list[dict]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    b = driver.batch([(s, p, 0) for s, p in enumerate(prompts)])
+    with prof(activities=[ProfilerActivity.CUDA]) as p, torch.no_grad():
+        model.forward(b)
+        torch.cuda.synchronize()
+    ev = sorted((e for e in p.key_averages() if e.self_device_time_total > 0),
+                key=lambda e: -e.self_device_time_total)
+    busy = sum(e.self_device_time_total for e in ev) / 1e3
+    print(f"  profile: device busy {busy:.2f} ms, {sum(e.count for e in ev)} kernels", flush=True)
+    out = []
+    for e in ev[:rows]:
+        print(f"  {e.self_device_time_total / 1e3:9.2f} ms {e.count:5d}x  {e.key[:90]}", flush=True)
+        out.append({"kernel": e.key, "ms": e.self_device_time_total / 1e3, "calls": e.count})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--formats", default="bf16,released")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--len", type=int, default=4096)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--bi", action="store_true", help="also time batch-invariant mode")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-rows", type=int, default=25)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--model", default="mid-v4")
+    ap.add_argument("--platform", default="nvidia")
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+    ctxb.DEV = a.device
+    rate = matmul_rate(a.device)
+    print(f"bf16 8192^3 matmul: {rate / 1e12:.0f} TFLOP/s", flush=True)
+    g = torch.Generator().manual_seed(0)
+    results = []
+    for fmt in a.formats.split(","):
+        for bi in ([False, True] if a.bi else [False]):
+            cfg, params, model = build(a, fmt, bi)
+            prompts = [torch.randint(0, cfg.vocab_size, (a.len,), generator=g).tolist() for _ in range(a.batch)]
+            flops = prefill_flops_per_token(cfg, params, a.len) * a.len * a.batch
+            driver = model.driver(max_seqs=a.batch, max_len=a.len)
+            ts = step_times(model, driver, prompts, a.iters)
+            t = statistics.median(ts)
+            tag = f"{fmt}{' [BI]' if bi else ''}"
+            print(f"prefill {tag:<14} B{a.batch} x {a.len}: {t * 1e3:8.2f} ms  {a.batch * a.len / t:9.0f} tok/s  "
+                  f"{flops / t / 1e12:6.1f} TFLOP/s = {100 * flops / t / rate:5.1f}% of the bf16 roofline "
+                  f"({flops / 1e12:.2f} TFLOP)", flush=True)
+            r = {"format": fmt, "bi": bi, "batch": a.batch, "len": a.len, "s": t, "all_s": ts, "flop": flops,
+                 "roofline_share": flops / t / rate}
+            if a.profile and a.device == "cuda":
+                r["profile"] = profile(model, driver, prompts, a.profile_rows)
+            results.append(r)
+            del model, driver, params
+            if a.device == "cuda":
+                torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"matmul_flop_s": rate, "runs": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
