@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from shuili.hal.types import Weight
-from shuili.platforms.nvidia import qgemm, skinny, splitk
+from shuili.platforms.nvidia import dequant, qgemm, skinny, splitk
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting
 from shuili.platforms.nvidia.moe_prep import group_tiles, moe_prep
 from shuili.platforms.nvidia.quant import e2m1_to_f32, e4m3_to_f32, e8m0_to_f32
@@ -50,6 +50,12 @@ Q_MIN_KC = 256
 # released-format decode through captured graphs ran 1.12x (batch 1) to 1.49x (batch 16, 64) faster
 # with it (benchmarks/nvidia_decode_ctx.py, docs/performance.md).
 USE_QGEMM = os.environ.get("SHUILI_NVIDIA_QGEMM", "1") != "0"
+# default mode, many rows (prefill): quantized weights decoded once into a dense copy (dequant.py), then
+# the dense GEMM: cuBLAS for a linear of at least DENSE_MIN_ROWS rows, qgemm's MoE pipeline for experts
+# with at least DENSE_MOE_MIN_ROWS rows each on average (bf16 experts take that pipeline there too, in
+# place of the composed one below). benchmarks/nvidia_qgemm.py --dense-ab times both sides of each
+DENSE_MIN_ROWS = 1024
+DENSE_MOE_MIN_ROWS = 256
 
 
 @triton.jit
@@ -273,10 +279,33 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
         return skinny.linear(x2, w.data, bias.float().contiguous() if bias is not None else None, y)
     if w.format == "dense" and w.data.dtype != x.dtype:
         w = Weight.dense(w.data.to(x.dtype))
+    if not batch_invariant and x2.shape[0] >= DENSE_MIN_ROWS and _dense_copy_fits(w, x.dtype):
+        y = torch.matmul(x2, dequant.dense(w, x.dtype).data.t())
+        return y + bias.to(y.dtype) if bias is not None else y
     if USE_QGEMM and qgemm.supports(w):
         return qgemm.linear(x2, w, bias.contiguous() if bias is not None else None, y, batch_invariant)
     return _launch(x2, w, bias.contiguous() if bias is not None else None, y, None, batch_invariant,
                    False)
+
+
+def _dense_copy_fits(w: Weight, dtype: torch.dtype) -> bool:
+    return dequant.supports(w) and dequant.dense_bytes(w, dtype) <= dequant.MAX_BYTES
+
+
+def _dense_experts(rows: int, w13: Weight, w2: Weight, dtype: torch.dtype) -> tuple[Weight, Weight] | None:
+    """Both expert weights as dense `dtype` copies when default mode's MoE has many rows per expert
+    (DENSE_MOE_MIN_ROWS) and the copies fit dequant.MAX_BYTES; else None."""
+    if rows < DENSE_MOE_MIN_ROWS * w13.shape[0]:
+        return None
+    out = []
+    for w in (w13, w2):
+        if w.format == "dense":
+            out.append(w if w.data.dtype == dtype else Weight.dense(w.data.to(dtype)))
+        elif _dense_copy_fits(w, dtype):
+            out.append(dequant.dense(w, dtype))
+        else:
+            return None
+    return out[0], out[1]
 
 
 def block_diagonal_linear(x: torch.Tensor, w: Weight, *, batch_invariant: bool = False) -> torch.Tensor:
@@ -331,6 +360,9 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     """The contract keeps g, u, the SwiGLU product and each expert's output in float32: GEMM1
     accumulates bf16 x against bf16-exact weights into float32, GEMM2 feeds the float32 product
     through the hi/lo split. Rounding any of them to bf16 put bf16 mxfp4 cases outside tolerance."""
+    dense = None if batch_invariant else _dense_experts(topk_ids.numel(), w13, w2, x.dtype)
+    if dense is not None:
+        return qgemm.moe_experts(x, topk_ids, topk_weights, *dense, swiglu_limit, False)
     if USE_QGEMM and qgemm.supports(w13) and qgemm.supports(w2):
         return qgemm.moe_experts(x, topk_ids, topk_weights, w13, w2, swiglu_limit, batch_invariant)
     t, k = topk_ids.shape

@@ -46,9 +46,10 @@ from shuili.platforms.nvidia import splitk
 from shuili.platforms.nvidia.moe_prep import moe_prep
 from shuili.platforms.nvidia.quant import e2m1_bf16_x8, e2m1_x8, e4m3_to_f32, e8m0_bf16_pair
 
-FMT_ID = {"fp8_block128": 1, "mxfp4": 2}
+FMT_ID = {"dense": 0, "fp8_block128": 1, "mxfp4": 2}
 BI_TILE = (64, 64, 128)  # BM, BN, BK in batch-invariant mode, for every M
-BK_OF = {"fp8_block128": 128, "mxfp4": 128}  # default mode; fp8 needs BK | 128 (one scale per step)
+# default mode; fp8 needs BK | 128 (one scale per step)
+BK_OF = {"dense": 64, "fp8_block128": 128, "mxfp4": 128}
 BN_DEFAULT = 64
 # split K until about MIN_PROGRAMS programs stream the weight, chunks of at least MIN_KC
 MIN_PROGRAMS = 264
@@ -171,7 +172,12 @@ def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, 
     wt = a.dtype
     if HILO:
         wt = tl.bfloat16
-    if FMT == 1:
+    if FMT == 0:  # dense (dequant.dense's copy at many rows): the tile as it lies
+        kk = k0 + tl.arange(0, BK)
+        wok = cok[:, None] & (kk < k_hi)[None, :]
+        w = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=wok, other=0.0)
+        out = _dot(acc, a, al, w.to(wt), F32, HILO, PLANES)
+    elif FMT == 1:
         kk = k0 + tl.arange(0, BK)
         w = _fp8_tile(w_ptr, e, cols, cok, kk, kk < k_hi, s_we, s_wn, NATIVE_FP8).to(wt)
         sc = tl.load(s_ptr + e * s_se + (cols // 128) * s_sn + (k0 // 128) * s_sg, mask=cok, other=0.0)
@@ -318,13 +324,20 @@ def _combine_kernel(p_ptr, y_ptr, D, TOPK: tl.constexpr, BLOCK: tl.constexpr):
 
 # ------------------------------------------------------------------------------------- host side
 def supports(w: Weight) -> bool:
-    return w.format in FMT_ID
+    """The quantized formats these kernels serve; a dense weight comes only through moe_experts (many
+    rows in default mode, the dequantized copy: dequant.py)."""
+    return w.format in FMT_ID and w.format != "dense"
 
 
 def _weight_args(w: Weight, grouped: bool):
     """(data, scale, expert stride, row stride, scale expert stride, scale row stride, scale group
     stride). The scale is read through its strides, so a scale in another layout (mxfp4's
     K-group-major, a [E, K/32, N] tensor seen as [E, N, K/32]) needs no copy."""
+    if w.format == "dense":
+        data = w.data.contiguous()
+        if grouped and data.dim() != 3:
+            raise ValueError(f"grouped weights are [E, N, K]; got data {tuple(data.shape)}")
+        return data, data, data.stride(0) if grouped else 0, data.stride(-2), 0, 0, 0
     data = as_u8(w.data).contiguous()
     if w.format == "mxfp4" and data.data_ptr() % 4:
         data = data.clone()  # the kernel reads 4-byte words (a view at an odd offset)

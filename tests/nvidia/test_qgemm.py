@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from shuili.hal.types import Weight
-from shuili.platforms.nvidia import gemm, qgemm
+from shuili.platforms.nvidia import dequant, gemm, qgemm
 from shuili.platforms.nvidia.moe_prep import moe_prep
 from shuili.platforms.nvidia.common import interpreting
 from shuili.platforms.nvidia.quant import e2m1_bf16_x8, e2m1_x8, e8m0_bf16_pair
@@ -368,3 +368,80 @@ def test_block_diagonal_dense_takes_grouped_linear(device):
         assert torch.equal(got, _regrouped(x, w, bi))
         ref = REF["block_diagonal_linear"](x.cpu(), Weight.dense(w.data.cpu()))
         assert rel(got, ref) < TOL[torch.float32]
+
+
+# ------------------------------------------------- many rows: the dense copy (dequant.py), default mode
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8_block128", "fp8_block32"])
+@pytest.mark.parametrize("shape", [(70, 96), (3, 40, 160)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequant_dense_is_the_reference_decode(device, fmt, shape, dtype):
+    """The dense copy holds exactly the reference's decoded weight (bf16 holds every such value), with
+    partial tiles on both axes and, for mxfp4, the extreme e8m0 bytes (0 = 2^-127, 255 = NaN)."""
+    w = weight(fmt, shape, seed=60)
+    if fmt == "mxfp4":
+        w.scale.view(-1)[:5] = torch.tensor([0, 1, 255, 254, 140], dtype=torch.uint8)
+    got = dequant.dense(on(w, device, torch.float32), dtype)
+    want = quant.dequantize_weight(w)
+    assert got.format == "dense" and got.data.dtype == dtype and tuple(got.data.shape) == tuple(shape)
+    assert torch.equal(got.data.float().cpu().nan_to_num(7.0), want.to(dtype).float().nan_to_num(7.0))
+    if fmt == "mxfp4":
+        assert torch.isnan(got.data.float()).any()  # negative control: the NaN scale came through
+
+
+def test_dequant_dense_rejects_bad_input():
+    with pytest.raises(ValueError, match="not a quantized format"):
+        dequant.dense(weight("dense", (4, 32), seed=1))
+    with pytest.raises(ValueError, match="bf16 or float32"):
+        dequant.dense(weight("mxfp4", (4, 32), seed=1), torch.float16)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8_block128", "dense"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_many_rows_takes_the_dense_copy(device, fmt, dtype, monkeypatch):
+    """Default mode with at least DENSE_MOE_MIN_ROWS rows per expert: both expert weights go dense
+    (dequantized, or bf16 experts as they are) through qgemm's MoE pipeline, within tolerance of the
+    reference; batch-invariant mode and copies over dequant.MAX_BYTES keep the per-tile decode (bf16
+    experts need no copy: only batch-invariant mode keeps them on the composed path)."""
+    t, e, k, d, inter = 21, 6, 3, 64, 96
+    ids = torch.stack([torch.randperm(e, generator=g(230 + i))[:k] for i in range(t)]).to(device)
+    wts = torch.softmax(rnd(t, k, seed=61), -1).to(device)
+    w13 = on(weight(fmt, (e, 2 * inter, d), seed=62), device, dtype)
+    w2 = on(weight(fmt, (e, d, inter), seed=63), device, dtype)
+    x = rnd(t, d, seed=64).to(device, dtype)
+    want = REF["moe_experts"](x.float().cpu(), ids.cpu(), wts.cpu(), on(w13, "cpu", torch.float32),
+                              on(w2, "cpu", torch.float32), 1.5)
+    seen, launch = [], qgemm._launch
+    monkeypatch.setattr(qgemm, "_launch",
+                        lambda x_, w, *a, **kw: seen.append(w.format) or launch(x_, w, *a, **kw))
+    monkeypatch.setattr(gemm, "DENSE_MOE_MIN_ROWS", 1)
+    got = gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=False)
+    assert seen == ["dense", "dense"] and rel(got, want) < TOL[dtype]
+    monkeypatch.setattr(gemm, "DENSE_MOE_MIN_ROWS", t * k // e + 1)  # one row per expert short of it
+    seen.clear()
+    gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=False)
+    assert "dense" not in seen
+    monkeypatch.setattr(gemm, "DENSE_MOE_MIN_ROWS", 1)
+    for bi, cap in ((True, dequant.MAX_BYTES), (False, 0)):
+        monkeypatch.setattr(dequant, "MAX_BYTES", cap)
+        seen.clear()
+        gemm.moe_experts(x, ids, wts, w13, w2, 1.5, batch_invariant=bi)
+        assert seen == ([] if bi else ["dense"] * 2) if fmt == "dense" else seen == [fmt, fmt], (bi, cap)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8_block128", "fp8_block32"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_many_rows_takes_the_dense_copy(device, fmt, dtype, monkeypatch):
+    """Default mode from DENSE_MIN_ROWS rows: the dense copy and torch.matmul, within tolerance of the
+    reference; fewer rows and batch-invariant mode decode per tile (bits unchanged)."""
+    w = on(weight(fmt, (200, 160), seed=65), device, dtype)
+    x, bias = rnd(37, 160, seed=66).to(device, dtype), rnd(200, seed=67).to(device, dtype)
+    want = REF["linear"](x.float().cpu(), on(w, "cpu", torch.float32), bias.float().cpu())
+    before = {bi: gemm.linear(x, w, bias, batch_invariant=bi) for bi in (False, True)}
+    calls, dense = [], dequant.dense
+    monkeypatch.setattr(dequant, "dense", lambda *a: calls.append(1) or dense(*a))
+    monkeypatch.setattr(gemm, "DENSE_MIN_ROWS", 37)
+    got = gemm.linear(x, w, bias, batch_invariant=False)
+    assert calls == [1] and got.shape == (37, 200) and got.dtype == dtype and rel(got, want) < TOL[dtype]
+    assert torch.equal(gemm.linear(x, w, bias, batch_invariant=True), before[True]) and calls == [1]
+    monkeypatch.setattr(gemm, "DENSE_MIN_ROWS", 38)
+    assert torch.equal(gemm.linear(x, w, bias, batch_invariant=False), before[False]) and calls == [1]
