@@ -368,6 +368,40 @@ def moe_times(ts=(1, 16, 64, 256)):
         print(f"moe-times {name:<12} {min(graph_time(calls) for _ in range(3)) * 1e6:7.1f} us", flush=True)
 
 
+def dense_ab(ts=(128, 256, 512, 1024, 4096), ms=(256, 512, 1024, 2048, 4096)):
+    """Default mode at many rows: the per-tile decode against the dense copy (dequant.py) the
+    gemm.DENSE_MOE_MIN_ROWS / DENSE_MIN_ROWS thresholds switch to: mid-v4's mxfp4 MoE at T tokens
+    and bf16 MoE (the composed path against qgemm's pipeline), and a 4096 x 4096 fp8_block128
+    linear at M rows. Graph replays, alternating, best of two; rel = the two outputs' difference."""
+    e, _, d, inter = MOE
+    bf = [(Weight.dense(torch.randn(e, 2 * inter, d, device=DEV, dtype=BF) * 0.02),
+           Weight.dense(torch.randn(e, d, inter, device=DEV, dtype=BF) * 0.02)) for _ in range(2)]
+    cases = []
+    for t in ts:
+        x, ids, wts = moe_inputs(t)
+        for tag, ws in (("mxfp4", mxfp4_moe_weights()), ("bf16", bf)):
+            cases.append((f"moe {tag} T{t}", "DENSE_MOE_MIN_ROWS",
+                          [lambda p=p, x=x, ids=ids, wts=wts: gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0)
+                           for p in ws]))
+    lw = copies(lambda: rand_weight("fp8_block128", (4096, 4096)), 4096 * 4096)
+    for m in ms:
+        x = torch.randn(m, 4096, device=DEV, dtype=BF)
+        cases.append((f"linear fp8 M{m}", "DENSE_MIN_ROWS", [lambda w=w, x=x: gemm.linear(x, w) for w in lw]))
+    for name, knob, calls in cases:
+        keep, res, outs = getattr(gemm, knob), {}, {}
+        try:
+            for _ in range(2):
+                for dense in (False, True):
+                    setattr(gemm, knob, 0 if dense else 1 << 40)
+                    outs[dense] = calls[0]().float()
+                    res.setdefault(dense, []).append(graph_time(calls))
+        finally:
+            setattr(gemm, knob, keep)
+        t0, t1 = min(res[False]), min(res[True])
+        print(f"dense-ab {name:<20} per tile {t0 * 1e6:9.1f} us, dense copy {t1 * 1e6:9.1f} us, "
+              f"{t0 / t1:5.2f}x, rel {rel(outs[True], outs[False]):.1e}", flush=True)
+
+
 def kgroup_major(w: Weight) -> Weight:
     """The same mxfp4 weight with its scales stored K-group-major ([..., K/32, N], seen as
     [..., N, K/32]): a K step's scale bytes of BN rows lie in one run, not a sector per row."""
@@ -460,6 +494,8 @@ if __name__ == "__main__":
     ap.add_argument("--scale-ab", action="store_true", help="only mxfp4 scales: row-major vs K-group-major")
     ap.add_argument("--korder-ab", action="store_true", help="only mxfp4 bf16 tiles: K order or even/odd")
     ap.add_argument("--moe-times", action="store_true", help="only the mxfp4 MoE's times, T 1 to 256")
+    ap.add_argument("--dense-ab", action="store_true", help="only default mode at many rows: per-tile "
+                    "decode against the dense copy (gemm.DENSE_MOE_MIN_ROWS, DENSE_MIN_ROWS)")
     ap.add_argument("--quick", action="store_true", help="two linear shapes, M in 1, 64, 256")
     ap.add_argument("--no-bi", action="store_true")
     a = ap.parse_args()
@@ -486,6 +522,9 @@ if __name__ == "__main__":
         raise SystemExit(0)
     if a.moe_times:
         moe_times()
+        raise SystemExit(0)
+    if a.dense_ab:
+        dense_ab()
         raise SystemExit(0)
     if a.sweep_moe or a.moe_ab:
         cands = [tuple(int(v) for v in c.split(",")) for c in a.moe_candidates.split(";") if c]
