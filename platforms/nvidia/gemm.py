@@ -53,9 +53,12 @@ USE_QGEMM = os.environ.get("SHUILI_NVIDIA_QGEMM", "1") != "0"
 # default mode, many rows (prefill): quantized weights decoded once into a dense copy (dequant.py), then
 # the dense GEMM: cuBLAS for a linear of at least DENSE_MIN_ROWS rows, qgemm's MoE pipeline for experts
 # with at least DENSE_MOE_MIN_ROWS rows each on average (bf16 experts take that pipeline there too, in
-# place of the composed one below). benchmarks/nvidia_qgemm.py --dense-ab times both sides of each
-DENSE_MIN_ROWS = 1024
-DENSE_MOE_MIN_ROWS = 256
+# place of the composed one below). benchmarks/nvidia_qgemm.py --dense-ab on an H100 (2026-12-07):
+# the 4096 x 4096 fp8 linear 1.27x at M 256, 2.67x at 1024, 3.06x at 4096; mid-v4's mxfp4 MoE 0.93x at
+# 96 rows an expert (T512), 1.13x at 192 (T1024), 1.45x at 768 (T4096); its bf16 MoE 1.03-1.39x at
+# T128-4096 (not below: decode's bf16 MoE keeps its path until measured)
+DENSE_MIN_ROWS = 256
+DENSE_MOE_MIN_ROWS = 160
 
 
 @triton.jit
