@@ -30,7 +30,8 @@ _KV_READ = (DtypeSupport(name="none"),) + _KV
 # (dtypes, formats, level in default mode, level in batch-invariant mode, notes)
 _CAPS = {
     "linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
-               "default: cuBLAS (dense) / M-sized Triton tiles (quantized); batch-invariant mode: "
+               "default: cuBLAS (dense, and quantized from 256 rows on a dense copy) / M-sized Triton "
+               "tiles (quantized); batch-invariant mode: "
                "one fixed-tile Triton kernel; float32 with at most 64 columns: split-K over fixed "
                "chunks of K in both modes"),
     "grouped_linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant, "Triton grouped GEMM"),
@@ -38,7 +39,8 @@ _CAPS = {
                               "qgemm formats: the grouped GEMM on the blocks where they lie, "
                               "grouped_linear's bits; others: grouped_linear on regrouped copies"),
     "moe_experts": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
-                    "stable sort by expert, two grouped GEMMs, fixed-order sum over k"),
+                    "stable sort by expert, two grouped GEMMs, fixed-order sum over k; default mode "
+                    "from 160 rows an expert: dense expert copies"),
     "rms_norm": (_ACT, (), L.batch_invariant, L.batch_invariant, "one program per row"),
     "add_rms_norm": (_ACT, (), L.batch_invariant, L.batch_invariant, "one program per row"),
     "rope": (_ACT, (), L.batch_invariant, L.batch_invariant, "elementwise per token"),
