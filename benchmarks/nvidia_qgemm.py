@@ -511,21 +511,12 @@ if __name__ == "__main__":
         prep_sweep()
         raise SystemExit(0)
     bw = copy_rate()
-    if a.asm_ab:
-        asm_ab()
-        raise SystemExit(0)
-    if a.scale_ab:
-        scale_ab()
-        raise SystemExit(0)
-    if a.korder_ab:
-        korder_ab()
-        raise SystemExit(0)
-    if a.moe_times:
-        moe_times()
-        raise SystemExit(0)
-    if a.dense_ab:
-        dense_ab()
-        raise SystemExit(0)
+    # the A/B modes: each runs alone
+    for on, run in ((a.asm_ab, asm_ab), (a.scale_ab, scale_ab), (a.korder_ab, korder_ab),
+                    (a.moe_times, moe_times), (a.dense_ab, dense_ab)):
+        if on:
+            run()
+            raise SystemExit(0)
     if a.sweep_moe or a.moe_ab:
         cands = [tuple(int(v) for v in c.split(",")) for c in a.moe_candidates.split(";") if c]
         sweep_moe(bw, candidates=cands or None) if a.sweep_moe else moe_tiles_ab()
