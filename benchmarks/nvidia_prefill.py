@@ -98,13 +98,15 @@ def main():
     for fmt in a.formats.split(","):
         for bi in ([False, True] if a.bi else [False]):
             cfg, params, model = build(a, fmt, bi)
-            prompts = [torch.randint(0, cfg.vocab_size, (a.len,), generator=g).tolist() for _ in range(a.batch)]
+            prompts = [torch.randint(0, cfg.vocab_size, (a.len,), generator=g).tolist()
+                       for _ in range(a.batch)]
             flops = prefill_flops_per_token(cfg, params, a.len) * a.len * a.batch
             driver = model.driver(max_seqs=a.batch, max_len=a.len)
             ts = step_times(model, driver, prompts, a.iters)
             t = statistics.median(ts)
             tag = f"{fmt}{' [BI]' if bi else ''}"
-            print(f"prefill {tag:<14} B{a.batch} x {a.len}: {t * 1e3:8.2f} ms  {a.batch * a.len / t:9.0f} tok/s  "
+            print(f"prefill {tag:<14} B{a.batch} x {a.len}: {t * 1e3:8.2f} ms  "
+                  f"{a.batch * a.len / t:9.0f} tok/s  "
                   f"{flops / t / 1e12:6.1f} TFLOP/s = {100 * flops / t / rate:5.1f}% of the bf16 roofline "
                   f"({flops / 1e12:.2f} TFLOP)", flush=True)
             r = {"format": fmt, "bi": bi, "batch": a.batch, "len": a.len, "s": t, "all_s": ts, "flop": flops,
