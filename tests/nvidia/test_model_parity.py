@@ -1,12 +1,14 @@
-"""tiny-v4 on the nvidia op table (batch-invariant mode) against the same model on the reference
-ops: teacher-forced logprobs within the engine's cross_platform tolerance. The nvidia model is built
-on the test device and the reference one on the CPU, as the conformance check builds them."""
+"""tiny-v4 on the nvidia op table (batch-invariant mode, and default mode on prefill's dense path)
+against the same model on the reference ops: teacher-forced logprobs within the engine's
+cross_platform tolerance. The nvidia model is built on the test device and the reference one on the
+CPU, as the conformance check builds them."""
 import torch
 
 from shuili.conformance.engine_check import MODEL_TOLERANCE
 from shuili.conformance.workloads import get
 from shuili.core.models.deepseek_v4 import build
 from shuili.hal.ops import OP_NAMES, DispatchTable
+from shuili.platforms.nvidia import gemm, qgemm
 from shuili.platforms.nvidia.ops import make_ops
 from shuili.platforms.reference.ops import OPS as REF
 
@@ -19,13 +21,30 @@ def _logprobs(ops, device, text):
     return torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
 
 
-def test_tiny_v4_matches_the_reference_model(device):
+def _check(device, batch_invariant: bool):
     # 34 tokens: past the 16-token window, several CSA entries and two HCA entries
     text = get("tiny-v4").prompts[2]
-    nv = DispatchTable("nvidia", make_ops(batch_invariant=True), {n: "nvidia" for n in OP_NAMES})
+    nv = DispatchTable("nvidia", make_ops(batch_invariant=batch_invariant),
+                       {n: "nvidia" for n in OP_NAMES})
     ref = DispatchTable("reference", dict(REF), {n: "reference" for n in OP_NAMES})
     got, want = _logprobs(nv, device, text), _logprobs(ref, "cpu", text)
     tol = MODEL_TOLERANCE["atol"] + MODEL_TOLERANCE["rtol"] * want.abs()
     bad = ((got - want).abs() > tol).nonzero()
     assert bad.numel() == 0, (f"position {int(bad[0]) + 1}: {float(got[bad[0]]):.6f} vs reference "
                               f"{float(want[bad[0]]):.6f}")
+
+
+def test_tiny_v4_matches_the_reference_model(device):
+    _check(device, batch_invariant=True)
+
+
+def test_tiny_v4_prefill_path_matches_the_reference_model(device, monkeypatch):
+    """Default mode with the many-rows thresholds at one row: the MoE runs qgemm's pipeline on the
+    dense experts (prefill's path, dequant.py) inside a whole forward, within the same tolerance."""
+    seen, launch = [], qgemm._launch
+    monkeypatch.setattr(qgemm, "_launch",
+                        lambda x, w, *a, **kw: seen.append(w.format) or launch(x, w, *a, **kw))
+    monkeypatch.setattr(gemm, "DENSE_MOE_MIN_ROWS", 1)
+    monkeypatch.setattr(gemm, "DENSE_MIN_ROWS", 1)
+    _check(device, batch_invariant=False)
+    assert seen and set(seen) == {"dense"}
