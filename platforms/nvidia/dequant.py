@@ -13,10 +13,13 @@ allows; batch-invariant mode never comes here (its tile may not depend on M).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
+from shuili.hal.formats import FP8_WEIGHT_BLOCKS, fp8_weight_block
 from shuili.hal.types import Weight
 from shuili.platforms.nvidia.common import cdiv, interpreting
 from shuili.platforms.nvidia.qgemm import _fp8_tile, _mxfp4_tile, _to_bf16, _weight_args
@@ -25,7 +28,6 @@ from shuili.platforms.nvidia.qgemm import _fp8_tile, _mxfp4_tile, _to_bf16, _wei
 # take 302 MB a layer in bf16; DeepSeek-V4-Flash's 256 would take 12.9 GB, so only an expert-parallel
 # share of them comes here
 MAX_BYTES = 1 << 30
-_BLOCK = {"fp8_block128": 128, "fp8_block32": 32}
 BN, BK = 64, 128
 
 
@@ -59,14 +61,11 @@ def _dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, s_we, s_wn, s_se, s_sn, s_sg, F
 
 
 def supports(w: Weight) -> bool:
-    return w.format in ("mxfp4", "fp8_block128", "fp8_block32")
+    return w.format == "mxfp4" or w.format in FP8_WEIGHT_BLOCKS
 
 
 def dense_bytes(w: Weight, dtype: torch.dtype) -> int:
-    n = 1
-    for s in w.shape:
-        n *= s
-    return n * torch.empty((), dtype=dtype).element_size()
+    return math.prod(w.shape) * dtype.itemsize
 
 
 def dense(w: Weight, dtype: torch.dtype = torch.bfloat16) -> Weight:
@@ -81,13 +80,11 @@ def dense(w: Weight, dtype: torch.dtype = torch.bfloat16) -> Weight:
     if w.format == "mxfp4" and k % 32:
         raise ValueError(f"mxfp4 weights need K % 32 == 0, got K={k}")
     data, scale, s_we, s_wn, s_se, s_sn, s_sg = _weight_args(w, grouped)
-    if w.format != "mxfp4":
-        scale = scale.float()
-        s_se, s_sn, s_sg = (scale.stride(0) if grouped else 0), scale.stride(-2), scale.stride(-1)
+    fp8 = w.format != "mxfp4"
     out = torch.empty(*lead, n, k, dtype=dtype, device=data.device)
     if out.numel():
         _dequant_kernel[(e * cdiv(n, BN), cdiv(k, BK))](
-            data, scale, out, n, k, s_we, s_wn, s_se, s_sn, s_sg, FMT=2 if w.format == "mxfp4" else 1,
-            SB=_BLOCK.get(w.format, 32), BF16=dtype == torch.bfloat16, NATIVE_FP8=not interpreting(), BN=BN,
-            BK=BK, num_warps=4)
+            data, scale, out, n, k, s_we, s_wn, s_se, s_sn, s_sg, FMT=1 if fp8 else 2,
+            SB=fp8_weight_block(w.format) if fp8 else 0, BF16=dtype == torch.bfloat16,
+            NATIVE_FP8=not interpreting(), BN=BN, BK=BK, num_warps=4)
     return Weight.dense(out)

@@ -344,7 +344,7 @@ def _weight_args(w: Weight, grouped: bool):
     if grouped and data.dim() != 3:
         raise ValueError(f"grouped weights are [E, N, ...]; got data {tuple(data.shape)}")
     scale = w.scale
-    if w.format == "fp8_block128" and scale.dtype != torch.float32:
+    if w.format.startswith("fp8") and scale.dtype != torch.float32:  # fp8_block32: dequant.py reads it
         scale = scale.float()
     return (data, scale, data.stride(0) if grouped else 0, data.stride(-2),
             scale.stride(0) if grouped else 0, scale.stride(-2), scale.stride(-1))
