@@ -12,6 +12,7 @@ path on SM90.
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -271,8 +272,10 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
     # float32 with few columns: skinny.py's split-K, in both modes
     few = (w.format == "dense" and w.data.dtype == torch.float32 and x.dim() == 2
            and skinny.supports(x, w.out_features))
-    if w.format == "dense" and not batch_invariant and not few:
-        y = torch.matmul(x, w.data.to(x.dtype).t())
+    if not batch_invariant and not few and (w.format == "dense" or (
+            math.prod(x.shape[:-1]) >= DENSE_MIN_ROWS and _dense_copy_fits(w, x.dtype))):
+        wd = w.data.to(x.dtype) if w.format == "dense" else dequant.dense(w, x.dtype).data
+        y = torch.matmul(x, wd.t())
         return y + bias.to(y.dtype) if bias is not None else y
     x2 = x.contiguous()
     y = torch.empty(x2.shape[0], w.out_features, dtype=x.dtype, device=x.device)
@@ -282,9 +285,6 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
         return skinny.linear(x2, w.data, bias.float().contiguous() if bias is not None else None, y)
     if w.format == "dense" and w.data.dtype != x.dtype:
         w = Weight.dense(w.data.to(x.dtype))
-    if not batch_invariant and x2.shape[0] >= DENSE_MIN_ROWS and _dense_copy_fits(w, x.dtype):
-        y = torch.matmul(x2, dequant.dense(w, x.dtype).data.t())
-        return y + bias.to(y.dtype) if bias is not None else y
     if USE_QGEMM and qgemm.supports(w):
         return qgemm.linear(x2, w, bias.contiguous() if bias is not None else None, y, batch_invariant)
     return _launch(x2, w, bias.contiguous() if bias is not None else None, y, None, batch_invariant,
