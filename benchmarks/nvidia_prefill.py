@@ -37,21 +37,16 @@ def build(a, fmt: str, bi: bool):
     return cfg, params, model
 
 
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def step_times(model, driver, prompts, iters: int) -> list[float]:
     """Seconds of each forward; every iteration prefills the same prompts at position 0 again."""
     out = []
     for i in range(iters + 2):
         b = driver.batch([(s, p, 0) for s, p in enumerate(prompts)])
-        sync()
+        ctxb.sync()
         t = time.perf_counter()
         with torch.no_grad():
             model.forward(b)
-        sync()
+        ctxb.sync()
         if i >= 2:  # the first two compile and autotune
             out.append(time.perf_counter() - t)
     return out
