@@ -315,6 +315,10 @@ def block_diagonal_linear(x: torch.Tensor, w: Weight, *, batch_invariant: bool =
     """x [T, G*K], W [G, N, K] -> [T, G*N]. qgemm's formats: the grouped launch on the blocks where
     they lie (grouped_linear's bits for the regrouped rows); others: grouped_linear on regrouped
     copies."""
+    if (not batch_invariant and x.dim() == 2 and x.shape[0] >= DENSE_MIN_ROWS and len(w.shape) == 3
+            and (w.format == "dense" or _dense_copy_fits(w, x.dtype))):
+        check_block_diagonal_args(x, w)
+        return _dense_block_diagonal(x.contiguous(), w)
     if not (USE_QGEMM and qgemm.supports(w)):  # the composition checks the arguments
         grouped = functools.partial(grouped_linear, batch_invariant=batch_invariant)
         return composed_block_diagonal_linear(grouped)(x, w)
@@ -324,6 +328,18 @@ def block_diagonal_linear(x: torch.Tensor, w: Weight, *, batch_invariant: bool =
     if x.shape[0] == 0 or n == 0:
         return y
     return qgemm.block_diagonal(x.contiguous(), w, y, batch_invariant)
+
+
+def _dense_block_diagonal(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """Default mode, many rows: one cuBLAS batched GEMM over the G blocks of the dense copy, x's
+    blocks read and y's written where they lie (batch stride K or N, row stride G*K or G*N)."""
+    g, n, k = w.shape
+    t = x.shape[0]
+    wd = w.data.to(x.dtype) if w.format == "dense" else dequant.dense(w, x.dtype).data
+    y = torch.empty(t, g * n, dtype=x.dtype, device=x.device)
+    if t and n:
+        torch.bmm(x.view(t, g, k).transpose(0, 1), wd.transpose(1, 2), out=y.view(t, g, n).transpose(0, 1))
+    return y
 
 
 def grouped_linear(x: torch.Tensor, w: Weight, group_sizes: torch.Tensor, *,

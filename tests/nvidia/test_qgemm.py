@@ -445,3 +445,26 @@ def test_linear_many_rows_takes_the_dense_copy(device, fmt, dtype, monkeypatch):
     assert torch.equal(gemm.linear(x, w, bias, batch_invariant=True), before[True]) and calls == [1]
     monkeypatch.setattr(gemm, "DENSE_MIN_ROWS", 38)
     assert torch.equal(gemm.linear(x, w, bias, batch_invariant=False), before[False]) and calls == [1]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8_block128", "fp8_block32", "dense"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_block_diagonal_many_rows_takes_the_dense_copy(device, fmt, dtype, monkeypatch):
+    """Default mode from DENSE_MIN_ROWS rows: one batched GEMM over the blocks of the dense copy
+    (each block as torch.matmul on it), within tolerance of the reference; fewer rows and
+    batch-invariant mode keep their path and bits."""
+    g_, n, k, t = 3, 40, 96, 37
+    w = on(weight(fmt, (g_, n, k), seed=68), device, dtype)
+    x = rnd(t, g_ * k, seed=69).to(device, dtype)
+    want = REF["block_diagonal_linear"](x.float().cpu(), on(w, "cpu", torch.float32))
+    before = {bi: gemm.block_diagonal_linear(x, w, batch_invariant=bi) for bi in (False, True)}
+    monkeypatch.setattr(gemm, "DENSE_MIN_ROWS", t)
+    got = gemm.block_diagonal_linear(x, w, batch_invariant=False)
+    assert got.shape == (t, g_ * n) and got.dtype == dtype and rel(got, want) < TOL[dtype]
+    wd = (w.data if fmt == "dense" else dequant.dense(w, dtype).data).to(dtype)
+    for b in range(g_):
+        blk = torch.matmul(x[:, b * k:(b + 1) * k], wd[b].t())
+        assert rel(got[:, b * n:(b + 1) * n], blk) < TOL[dtype], b
+    assert torch.equal(gemm.block_diagonal_linear(x, w, batch_invariant=True), before[True])
+    monkeypatch.setattr(gemm, "DENSE_MIN_ROWS", t + 1)
+    assert torch.equal(gemm.block_diagonal_linear(x, w, batch_invariant=False), before[False])
