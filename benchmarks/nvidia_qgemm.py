@@ -10,6 +10,7 @@ over the 4.8 TB/s datasheet rate. Each shape is checked against a float32 torch 
 
     python benchmarks/nvidia_qgemm.py [--json out.json] [--sweep] [--quick]
     python benchmarks/nvidia_qgemm.py --sweep-moe | --moe-ab    (MoE tile knobs, qgemm.MOE_TILES)
+    python benchmarks/nvidia_qgemm.py --sweep-moe-dense 4096    (the dense experts' tiles at many rows)
     python benchmarks/nvidia_qgemm.py --asm-ab                  (mxfp4 decode: inline PTX vs float32)
     python benchmarks/nvidia_qgemm.py --scale-ab                (mxfp4 scales: row- vs K-group-major)
     python benchmarks/nvidia_qgemm.py --korder-ab               (mxfp4 bf16 tiles: K order vs even/odd)
@@ -225,34 +226,47 @@ MOE_CANDIDATES = [(bn, bk, nw, ns) for bn in (32, 64, 128) for bk in (64, 128, 2
                   for nw, ns in ((4, 4), (2, 4), (4, 3), (8, 3))]
 
 
-def sweep_moe(bw, t=64, candidates=None):
+# the dense experts' tiles at many rows (64-row tiles; qgemm.DENSE_MOE_TILES)
+DENSE_MOE_CANDIDATES = [(bn, bk, nw, ns) for bn in (64, 128, 256) for bk in (64, 128)
+                        for nw, ns in ((4, 3), (8, 3))]
+
+
+def sweep_moe(bw, t=64, candidates=None, dense=False):
     """Default-mode MoE at T tokens (16-row tiles), mxfp4: each candidate (BN, BK, warps, stages)
     for one GEMM with the other at the generic tile (MOE_TILES empty), then the best pair and
     qgemm's chosen MOE_TILES; printed as they finish. `candidates` in place of MOE_CANDIDATES: the
-    other GEMM then keeps its chosen tile, and the baseline is the chosen pair."""
-    chosen = dict(qgemm.MOE_TILES)
+    other GEMM then keeps its chosen tile, and the baseline is the chosen pair. dense: bf16 experts
+    at T tokens (many rows an expert: the dense pipeline, qgemm.DENSE_MOE_TILES, and
+    DENSE_MOE_CANDIDATES)."""
+    table = "DENSE_MOE_TILES" if dense else "MOE_TILES"
+    chosen = dict(getattr(qgemm, table))
     keep = chosen if candidates else {}
-    ws = mxfp4_moe_weights()
+    if dense:
+        e, _, d, inter = MOE
+        ws = [(Weight.dense(torch.randn(e, 2 * inter, d, device=DEV, dtype=BF) * 0.02),
+               Weight.dense(torch.randn(e, d, inter, device=DEV, dtype=BF) * 0.02)) for _ in range(2)]
+    else:
+        ws = mxfp4_moe_weights()
     x, ids, wts = moe_inputs(t)
     ref = gemm.moe_experts(x, ids, wts, *ws[0], 10.0).float()
 
     def timed(tiles):
-        qgemm.MOE_TILES = dict(tiles)
+        setattr(qgemm, table, dict(tiles))
         try:
             err = rel(gemm.moe_experts(x, ids, wts, *ws[0], 10.0).float(), ref)
             return graph_time([lambda p=p: gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0) for p in ws]), err
         except Exception as exc:  # noqa: BLE001 (out of resources: record and go on)
             return None, type(exc).__name__
         finally:
-            qgemm.MOE_TILES = dict(chosen)
+            setattr(qgemm, table, dict(chosen))
 
     base, _ = timed(keep)
-    out, best = [f"sweep-moe T{t} {'chosen' if keep else 'default'} tiles: {base * 1e6:7.1f} us "
-                 f"({bw:.0f} B/s copy rate)"], {}
+    out, best = [f"sweep-moe T{t}{' dense' if dense else ''} {'chosen' if keep else 'default'} tiles: "
+                 f"{base * 1e6:7.1f} us ({bw:.0f} B/s copy rate)"], {}
     print(out[0], flush=True)
     for which in ("gemm1", "gemm2"):
         best[which] = (base, None)
-        for c in candidates or MOE_CANDIDATES:
+        for c in candidates or (DENSE_MOE_CANDIDATES if dense else MOE_CANDIDATES):
             tm, err = timed({**keep, which: c})
             regs = f" r{c[4]}" if len(c) > 4 else ""
             line = f"sweep-moe T{t} {which} BN{c[0]} BK{c[1]} w{c[2]} s{c[3]}{regs}: " + (
@@ -481,6 +495,8 @@ if __name__ == "__main__":
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also print a sweep of qgemm's default-mode tiles")
     ap.add_argument("--sweep-moe", action="store_true", help="only the MoE tile sweep (qgemm.MOE_TILES candidates)")
+    ap.add_argument("--sweep-moe-dense", type=int, default=0, metavar="T", help="only the dense experts' "
+                    "tile sweep at T tokens (bf16 experts, many rows an expert: qgemm.DENSE_MOE_TILES)")
     ap.add_argument("--moe-ab", action="store_true", help="only qgemm.MOE_TILES against the generic tile")
     ap.add_argument("--moe-once", type=int, default=0, metavar="T",
                     help="only three plain calls of the MoE at T tokens (mxfp4, default mode), for a "
@@ -517,9 +533,12 @@ if __name__ == "__main__":
         if on:
             run()
             raise SystemExit(0)
-    if a.sweep_moe or a.moe_ab:
+    if a.sweep_moe or a.moe_ab or a.sweep_moe_dense:
         cands = [tuple(int(v) for v in c.split(",")) for c in a.moe_candidates.split(";") if c]
-        sweep_moe(bw, candidates=cands or None) if a.sweep_moe else moe_tiles_ab()
+        if a.sweep_moe_dense:
+            sweep_moe(bw, a.sweep_moe_dense, cands or None, dense=True)
+        else:
+            sweep_moe(bw, candidates=cands or None) if a.sweep_moe else moe_tiles_ab()
         raise SystemExit(0)
     extra = sweep(bw) if a.sweep else []
     for line in extra:

@@ -70,6 +70,9 @@ NUM_STAGES = None  # None: 4 for 16-row tiles, 3 above (shared memory)
 # 1.15x at T1, 1.07x at T16, 0.99x at T64 and T256 (docs/performance.md). Batch-invariant launches
 # never read it: their tile is fixed for every batch.
 MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)}
+# the same for default mode's MoE on dense experts (gemm.py's dense copy at many rows, bf16 experts):
+# MAX_BM-row tiles, one per tile-map entry; benchmarks/nvidia_qgemm.py --sweep-moe-dense times them
+DENSE_MOE_TILES: dict[str, tuple[int, ...]] = {}
 # bf16 activations decode mxfp4 weights with quant.e2m1_bf16_x8 (PTX byte permutes, bf16 multiplies) on
 # the GPU: the same bits as the float32 decode (quant.e2m1_x8), which SHUILI_NVIDIA_ASM_E2M1=0 and the
 # interpreter take. On an H100 (2026-12-06, nvidia_qgemm.py --asm-ab) the MoE at T1 1.15x, T16 1.05x,
@@ -468,7 +471,11 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     check(flat, in_range(0, e), f"moe_experts: topk_ids must lie in [0, {e})")
     bm = group_bm(t * k, e, batch_invariant)
     order, _, tiles = moe_prep(flat, e, bm)
-    tile1, tile2 = (None, None) if batch_invariant or bm != 16 else (MOE_TILES.get("gemm1"), MOE_TILES.get("gemm2"))
+    if batch_invariant:
+        tiles_of = {}
+    else:
+        tiles_of = MOE_TILES if bm == 16 else DENSE_MOE_TILES if w13.format == "dense" else {}
+    tile1, tile2 = tiles_of.get("gemm1"), tiles_of.get("gemm2")
     inter = w13.shape[1] // 2
     hilo = x.dtype != torch.float32
     if hilo:

@@ -468,3 +468,25 @@ def test_block_diagonal_many_rows_takes_the_dense_copy(device, fmt, dtype, monke
     assert torch.equal(gemm.block_diagonal_linear(x, w, batch_invariant=True), before[True])
     monkeypatch.setattr(gemm, "DENSE_MIN_ROWS", t + 1)
     assert torch.equal(gemm.block_diagonal_linear(x, w, batch_invariant=False), before[False])
+
+
+def test_dense_moe_tiles_reach_the_dense_launches(device, monkeypatch):
+    """qgemm.DENSE_MOE_TILES sets the dense experts' launches at many rows (64-row tiles), within
+    tolerance of the reference; batch-invariant launches and quantized experts never read it."""
+    t, e, k, d, inter = 40, 2, 2, 64, 32  # 40 rows an expert: 64-row tiles
+    ids = torch.stack([torch.randperm(e, generator=g(240 + i))[:k] for i in range(t)]).to(device)
+    wts = torch.softmax(rnd(t, k, seed=71), -1).to(device)
+    x = rnd(t, d, seed=72).to(device, torch.bfloat16)
+    w13 = on(weight("dense", (e, 2 * inter, d), seed=73), device, torch.bfloat16)
+    w2 = on(weight("dense", (e, d, inter), seed=74), device, torch.bfloat16)
+    want = REF["moe_experts"](x.float().cpu(), ids.cpu(), wts.cpu(), on(w13, "cpu", torch.float32),
+                              on(w2, "cpu", torch.float32), 1.5)
+    seen, launch = [], qgemm._launch
+    monkeypatch.setattr(qgemm, "_launch",
+                        lambda *a, **kw: seen.append((kw["bm"], kw["tile"])) or launch(*a, **kw))
+    monkeypatch.setattr(qgemm, "DENSE_MOE_TILES", {"gemm1": (64, 32, 4, 2), "gemm2": (32, 64, 4, 2)})
+    got = qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, False)
+    assert seen == [(64, (64, 32, 4, 2)), (64, (32, 64, 4, 2))] and rel(got, want) < TOL[torch.bfloat16]
+    seen.clear()
+    qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, True)
+    assert [tile for _, tile in seen] == [None, None]
