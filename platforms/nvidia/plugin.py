@@ -37,7 +37,8 @@ _CAPS = {
     "grouped_linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant, "Triton grouped GEMM"),
     "block_diagonal_linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
                               "qgemm formats: the grouped GEMM on the blocks where they lie, "
-                              "grouped_linear's bits; others: grouped_linear on regrouped copies"),
+                              "grouped_linear's bits; others: grouped_linear on regrouped copies; "
+                              "default mode from 256 rows: cuBLAS batched GEMM on a dense copy"),
     "moe_experts": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
                     "stable sort by expert, two grouped GEMMs, fixed-order sum over k; default mode "
                     "from 160 rows an expert: dense expert copies"),
@@ -73,7 +74,8 @@ _CAPS = {
                         "default: KV split sized to fill the GPU for decode; batch-invariant "
                         "mode: fixed 1024-position splits for prefill and decode alike"),
     "sparse_attention": (_ACT, _KV_READ, L.batch_invariant, L.batch_invariant,
-                         "one program per (token, head block); caches merged in order"),
+                         "one program per (token, head block); caches merged in order; from 512 "
+                         "tokens packed rows decoded once into a scratch (same bits)"),
     "indexer_topk": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),
                      L.batch_invariant, L.batch_invariant, "per-token scores, exact top-k"),
     "indexer_select": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),
