@@ -8,10 +8,7 @@ current tile's output (only the K chunking changes bits).
 (At commit bccd30d this script also timed a split-K sum fused into the GEMMs against the
 standalone one; splitk.py's docstring has the figures and why the fused sum was dropped.)
 
-    python benchmarks/nvidia_skinny.py [--t 64] [--reps 20] [--same-chunks]
-
-At --t 8192 (a 2 x 4k prefill's rows) with --same-chunks it picks skinny.TILE_MANY: those tiles keep
-TILE's sums, and "same bits" checks it.
+    python benchmarks/nvidia_skinny.py [--t 64] [--reps 20]
 
 Each time is per call, from a CUDA graph of --reps calls (the first version replayed a graph of one
 call, whose replay overhead hid the kernels). "kernels" lines give each kernel's device time per
@@ -34,8 +31,7 @@ from shuili.platforms.nvidia import mhc, skinny  # noqa: E402
 CANDIDATES = [(16, 128, 32, 4), (16, 64, 128, 4), (16, 64, 128, 2), (32, 64, 128, 4), (64, 64, 128, 4),
               (64, 64, 128, 8), (16, 128, 64, 4), (32, 128, 64, 4), (64, 128, 64, 8), (16, 256, 32, 4),
               (16, 128, 32, 2), (16, 128, 32, 1), (16, 64, 128, 1), (16, 128, 32, 4, 1), (16, 128, 32, 4, 2),
-              (16, 512, 16, 4), (32, 128, 32, 4), (64, 128, 32, 4), (64, 256, 32, 8), (16, 128, 64, 2),
-              (32, 128, 64, 2), (64, 128, 64, 4), (128, 128, 64, 4), (128, 128, 64, 8), (64, 128, 64, 2)]
+              (16, 512, 16, 4), (32, 128, 32, 4), (64, 128, 32, 4), (64, 256, 32, 8), (16, 128, 64, 2)]
 
 
 def kernel_us(run, reps: int) -> dict[str, tuple[float, int]]:
@@ -55,7 +51,7 @@ def kernel_us(run, reps: int) -> dict[str, tuple[float, int]]:
             if e.self_device_time_total > 0}
 
 
-def sweep(t: int, reps: int, same_chunks: bool) -> None:
+def sweep(t: int, reps: int) -> None:
     g = torch.Generator(device=DEV).manual_seed(0)
     x = torch.randn(t, 4, 2048, device=DEV, generator=g).to(BF)
     fn = Weight.dense(torch.randn(24, 8192, device=DEV, generator=g) / 90)
@@ -73,17 +69,14 @@ def sweep(t: int, reps: int, same_chunks: bool) -> None:
     cublas = {"router": lambda: xr @ wr.t(), "head mix": lambda: xh @ wh.t()}
     for name, run in cases.items():
         ks = ", ".join(f"{k} {us:.2f} us x{n}" for k, (us, n) in kernel_us(run, reps).items())
-        used = skinny.TILE_MANY if t >= skinny.MANY_ROWS else skinny.TILE
-        print(f"kernels {name:<10} at {used}: {ks}", flush=True)
+        print(f"kernels {name:<10} at {skinny.TILE}: {ks}", flush=True)
     print(f"{'case':<10} {'tile (BM, MIN_KC, CHUNKS, warps[, stages])':<34} {'chunks':>6} {'us':>8}  "
-          f"same bits as {skinny.TILE}")
-    base_tile, base_many = skinny.TILE, skinny.TILE_MANY
-    tiles = [c for c in CANDIDATES if not same_chunks or c[1:3] == base_tile[1:3]]
+          "same bits")
+    base_tile = skinny.TILE
     for name, run in cases.items():
-        skinny.TILE_MANY = base_tile
         ref = run().clone()
-        for tile in tiles:
-            skinny.TILE = skinny.TILE_MANY = tile
+        for tile in CANDIDATES:
+            skinny.TILE = tile
             try:
                 k = 8192 if name != "router" else 2048
                 sec = graph_time([run] * reps)
@@ -93,7 +86,7 @@ def sweep(t: int, reps: int, same_chunks: bool) -> None:
             except Exception as e:  # noqa: BLE001 (a tile that fails to compile or run: say so, go on)
                 print(f"{name:<10} {str(tile):<34} failed: {type(e).__name__}: {e}"[:160], flush=True)
             finally:
-                skinny.TILE, skinny.TILE_MANY = base_tile, base_many
+                skinny.TILE = base_tile
         if name in cublas:
             us = graph_time([cublas[name]] * reps) * 1e6
             print(f"{name:<10} {'cuBLAS':<34} {'':>6} {us:8.2f}", flush=True)
@@ -104,11 +97,9 @@ def main() -> None:
     ap.add_argument("--t", type=int, default=64)
     ap.add_argument("--reps", type=int, default=20, help="calls per CUDA graph: a graph of one call times "
                     "its replay overhead (several us) with it")
-    ap.add_argument("--same-chunks", action="store_true", help="only the candidates with skinny.TILE's "
-                    "chunking (the row tiles skinny.TILE_MANY may take)")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
-    sweep(a.t, a.reps, a.same_chunks)
+    sweep(a.t, a.reps)
 
 
 if __name__ == "__main__":

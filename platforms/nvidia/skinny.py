@@ -29,13 +29,6 @@ BK = 64
 # 128, so tiny-v4's sums (K <= 1024) and nvidia's locked baseline are unchanged; mid-v4's hc_mix
 # (K = 8192) now sums 64 chunks of 128, not 32 of 256 (other bits)
 TILE = (16, 128, 64, 2)
-# From MANY_ROWS rows (a prefill: 8,192 rows at 2 x 4k) a taller row tile, with TILE's chunking: the
-# IEEE dot adds each output's products in K order whatever the tile, so the bits stay TILE's
-# (benchmarks/nvidia_skinny.py --t 8192 checks it on the GPU, tests/nvidia/test_splitk.py too).
-# Decode batches stay below MANY_ROWS; so do the CPU tests, whose interpreter dot is numpy's.
-MANY_ROWS = 1024
-TILE_MANY = (64, 128, 64, 4)
-assert TILE_MANY[1:3] == TILE[1:3], "the many-row tile must keep TILE's chunking (same bits)"
 
 
 @triton.jit
@@ -88,7 +81,7 @@ def partials(x: torch.Tensor, w: torch.Tensor, sumsq: bool = False, tile=None) -
     if x.stride(1) != 1:
         x = x.contiguous()
     w = w.float().contiguous()
-    tile = tile or (TILE_MANY if m >= MANY_ROWS else TILE)
+    tile = tile or TILE
     bm, warps = tile[0], tile[3]
     stages = {"num_stages": tile[4]} if len(tile) > 4 else {}
     kc = chunk(k, tile)

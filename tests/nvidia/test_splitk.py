@@ -55,28 +55,3 @@ def test_skinny_tile_keeps_tiny_v4_chunking():
     cfg = named("tiny-v4")
     for k in (cfg.hc_mult * cfg.hidden_size, cfg.hidden_size):
         assert skinny.chunk(k) == skinny.chunk(k, (16, 128, 32, 4)), k
-
-
-@pytest.mark.parametrize("sumsq", [False, True])
-def test_skinny_many_rows_tile_same_bits(device, monkeypatch, sumsq):
-    """From skinny.MANY_ROWS rows the partials run on TILE_MANY (a taller row tile, TILE's chunks), with
-    TILE's bits. The bits are compared on a GPU only: the interpreter's dot is numpy's, whose order
-    may follow the tile on some hosts."""
-    m = skinny.MANY_ROWS + 3 if device == "cuda" else 21
-    if device != "cuda":
-        monkeypatch.setattr(skinny, "MANY_ROWS", 16)
-    x, w = rnd(m, 8192, seed=49).to(device), (rnd(24, 8192, seed=50) / 90).to(device)
-    grids, kernel = [], skinny._partials_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return kernel[grid]
-
-    monkeypatch.setattr(skinny, "_partials_kernel", Spy())
-    got = skinny.partials(x, w, sumsq=sumsq)
-    want = skinny.partials(x, w, sumsq=sumsq, tile=skinny.TILE)
-    assert grids[0][0] == -(-m // skinny.TILE_MANY[0]) and grids[1][0] == -(-m // skinny.TILE[0])
-    assert got.shape == want.shape
-    if device == "cuda":
-        assert torch.equal(got, want)
