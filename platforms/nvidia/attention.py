@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from shuili.platforms.nvidia.common import capturing, cdiv, interpreting, num_sms, pow2
+from shuili.platforms.nvidia.common import cdiv, interpreting, num_sms, pow2
 from shuili.platforms.nvidia import quant
 from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, split_rows
 
@@ -232,12 +232,6 @@ def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
 # a power of two, at least the column block BL below).
 SPARSE_SPLIT = int(os.environ.get("SHUILI_SPARSE_SPLIT", "128"))
 _SPARSE_CACHES = 3  # caches folded into one launch (DeepSeek-V4 layers use 2: window + compressed)
-# From this many query tokens (a prefill), each packed row the call touches is decoded once into a
-# q-dtype scratch, not once per query token that reads it (a window row is read by 128 tokens, a
-# compressed row by up to thousands); decode batches stay below it and inside CUDA graphs. The
-# kernel keeps the packed tile (TR, even/odd halves), so the bits are those of the in-register
-# decode. SHUILI_SPARSE_DECODE_MIN_T overrides it (benchmark A/B).
-SPARSE_DECODE_MIN_T = int(os.environ.get("SHUILI_SPARSE_DECODE_MIN_T", "512"))
 
 
 def _sparse_tiles(d: int, h: int, packed: bool):
@@ -395,21 +389,6 @@ def _sparse_kernel(q_ptr, pm_ptr, pl_ptr, pacc_ptr, scale, H, NS, P0, s_qt, s_qh
         tl.store(pacc_ptr + row[:, None] * D + d[None, :], acc, mask=live[:, None] & dok[None, :])
 
 
-def _decoded(rows: torch.Tensor, idx: torch.Tensor, fmt: str, d: int, dtype: torch.dtype):
-    """(scratch [n, d] in dtype, idx [T, L] into it): the n packed rows idx touches, each decoded once,
-    in slot order. Decoded values are exact in bfloat16 and float32 (a 1-4 bit element times a power
-    of two or an e4m3 scale), so the kernel's cast of its own decode gives the same values. One host
-    sync sizes the scratch; callers skip this under CUDA-graph capture."""
-    nrows = rows.shape[0]
-    hit = torch.zeros(nrows + 1, dtype=torch.int32, device=rows.device)
-    hit[torch.where(idx >= 0, idx, nrows).flatten().long()] = 1  # -1 lands on the extra slot
-    hit[nrows] = 0
-    used = hit[:nrows].nonzero().squeeze(1)
-    pos = torch.cumsum(hit, 0, dtype=torch.int32) - 1
-    remap = torch.where(idx >= 0, pos[idx.clamp(min=0).long()], -1).to(torch.int32)
-    return quant.kv_dequantize(rows.index_select(0, used), fmt, d).to(dtype), remap
-
-
 def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None):
     t, h, d = q.shape
     kv = list(kv)
@@ -425,7 +404,6 @@ def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None):
     bh, bl, warps, stages, tr = _sparse_tiles(d, h, any(f != "none" for f in fmts))
     if split != pow2(split) or split < bl:
         raise ValueError(f"SPARSE_SPLIT must be a power of two >= {bl}, got {split}")
-    decode_once = t >= SPARSE_DECODE_MIN_T and not capturing()
     caches = []
     for ci, (cache, idx, fmt) in enumerate(zip(kv, indices, fmts)):
         row = d if fmt == "none" else bytes_per_row(fmt, d)
@@ -434,9 +412,6 @@ def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None):
                              f"expected [{t}, L]")
         idx = idx.to(torch.int32).contiguous()
         rows = cache.reshape(-1, row).contiguous()
-        if decode_once and fmt != "none" and idx.shape[1]:
-            rows, idx = _decoded(rows, idx, fmt, d, q.dtype)
-            fmt, row = "none", d
         caches.append((rows, idx, idx.shape[1], cdiv(idx.shape[1], split), FORMAT_ID[fmt], row,
                        quant.word_loads(row, rows)))
     ns = sum(c[3] for c in caches)

@@ -448,34 +448,6 @@ def test_sparse_attention_batch_invariant(device, monkeypatch, fmts, dtype):
         assert torch.equal(bits(one), bits(full[i:i + 1])), i
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("fmts", [("mxfp8", "fp4_e4m3"), ("none", "mxfp4"),
-                                  ("mxfp8", "none", "mxfp8", "fp4_e4m3")])
-def test_sparse_attention_decoded_once_same_bits(device, monkeypatch, fmts, dtype):
-    """Prefill-sized calls decode each touched packed row once into a scratch: every bit as the
-    in-register decode, over chunks with holes, an all -1 row and one launch or two."""
-    monkeypatch.setattr(attention, "SPARSE_SPLIT", SMALL_SPLIT)
-    q, kv, idx, s = sparse_case(6, 4, 64, fmts, (70, 45, 33, 64)[:len(fmts)], seed=5)
-    idx[0][3] = -1
-    idx[-1][:, 10:40] = -1
-    monkeypatch.setattr(attention, "SPARSE_DECODE_MIN_T", 1 << 30)
-    base = sparse_run(device, q, kv, idx, s, fmts, dtype)
-    monkeypatch.setattr(attention, "SPARSE_DECODE_MIN_T", 1)
-    got = sparse_run(device, q, kv, idx, s, fmts, dtype)
-    assert torch.equal(bits(got), bits(base))
-    assert rel(got, REF["sparse_attention"](q, kv, idx, 64 ** -0.5, s, list(fmts))) < TOL[dtype]
-
-
-def test_sparse_attention_decoded_rows(device):
-    """The scratch holds each touched row once, in slot order, and the remapped ids point at it."""
-    rows = REF["kv_quantize"](rnd(40, 64, seed=7), "mxfp8")
-    idx = torch.tensor([[5, -1, 5, 39], [0, 5, -1, -1]], dtype=torch.int32)
-    dec, remap = attention._decoded(rows.to(device), idx.to(device), "mxfp8", 64, torch.float32)
-    assert remap.tolist() == [[1, -1, 1, 2], [0, 1, -1, -1]]
-    want = REF["kv_dequantize"](rows[[0, 5, 39]], "mxfp8", 64)
-    assert torch.equal(dec.cpu(), want)
-
-
 @pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("fmts", [("none", "none", "none"), ("none", "mxfp8", "none", "mxfp4")])
 def test_sparse_attention_chunks_with_holes(device, monkeypatch, sinks, fmts):
