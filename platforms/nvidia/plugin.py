@@ -74,8 +74,7 @@ _CAPS = {
                         "default: KV split sized to fill the GPU for decode; batch-invariant "
                         "mode: fixed 1024-position splits for prefill and decode alike"),
     "sparse_attention": (_ACT, _KV_READ, L.batch_invariant, L.batch_invariant,
-                         "one program per (token, head block); caches merged in order; from 512 "
-                         "tokens packed rows decoded once into a scratch (same bits)"),
+                         "one program per (token, head block); caches merged in order"),
     "indexer_topk": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),
                      L.batch_invariant, L.batch_invariant, "per-token scores, exact top-k"),
     "indexer_select": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),
