@@ -22,7 +22,7 @@ timeout ${T_TESTS:-80} python3 -m pytest -q -p no:cacheprovider -x ${TESTS:-test
 for mode in ${CONF_MODES:-default bi}; do
   stamp "conformance $mode"
   flag=""; [ "$mode" = bi ] && flag="--batch-invariant"
-  timeout ${T_CONF:-45} python3 -m shuili conformance run --platform nvidia --no-engine $flag --cases ${CASES:-1} \
+  timeout ${T_CONF:-45} python3 -m shuili -v conformance run --platform nvidia --no-engine $flag --cases ${CASES:-1} \
       --op linear --op grouped_linear --op moe_experts --out "$OUT/conf_$mode" > "$OUT/conf_$mode.txt" 2>&1
   echo "rc=$?" >> "$OUT/conf_$mode.txt"
   grep -E "conformance of|PASSED|FAILED|pass|^  (FAIL|ERROR)|rc=" "$OUT/conf_$mode.txt" | tail -6

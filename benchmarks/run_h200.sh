@@ -24,8 +24,8 @@ env_() {
 tests_() {
   timeout ${T_TESTS:-240} python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/nvidia} 2>&1 | tail -25 | tee "$OUT/tests.txt"
 }
-conf_() {  # the CLI, default mode, op level (it prints its report at the end only)
-  timeout ${T_CONF:-300} python3 -m shuili conformance run --platform nvidia --no-engine --cases ${CASES:-2} \
+conf_() {  # the CLI, default mode, op level (-v: a line a stage; the report comes at the end)
+  timeout ${T_CONF:-300} python3 -m shuili -v conformance run --platform nvidia --no-engine --cases ${CASES:-2} \
       --out "$OUT/conf_default" > "$OUT/conf_default.txt" 2>&1; echo "rc=$?" >> "$OUT/conf_default.txt"
   tail -30 "$OUT/conf_default.txt"
 }
@@ -39,11 +39,11 @@ confbi_() {  # batch-invariant mode, where the engine checks are held bitwise; p
   tail -15 "$OUT/conf_bi_engine.txt"
 }
 confcli_() {  # the CLI itself: batch-invariant mode (ops + engine, bitwise engine promise), then default mode
-  timeout ${T_CLIBI:-240} python3 -m shuili conformance run --platform nvidia --batch-invariant --cases ${CASES:-1} \
+  timeout ${T_CLIBI:-240} python3 -m shuili -v conformance run --platform nvidia --batch-invariant --cases ${CASES:-1} \
       --out "$OUT/conf_cli_bi" > "$OUT/conf_cli_bi.txt" 2>&1; echo "rc=$?" >> "$OUT/conf_cli_bi.txt"
   grep -E "conformance of|^  (FAIL|ERROR)|rc=" "$OUT/conf_cli_bi.txt" | tail -15
   stamp conformance-cli-default
-  timeout ${T_CLIDEF:-150} python3 -m shuili conformance run --platform nvidia --engine-level run_to_run \
+  timeout ${T_CLIDEF:-150} python3 -m shuili -v conformance run --platform nvidia --engine-level run_to_run \
       --cases ${CASES:-1} --out "$OUT/conf_cli_default" > "$OUT/conf_cli_default.txt" 2>&1
   echo "rc=$?" >> "$OUT/conf_cli_default.txt"
   grep -E "conformance of|^  (FAIL|ERROR)|rc=" "$OUT/conf_cli_default.txt" | tail -15
@@ -51,7 +51,7 @@ confcli_() {  # the CLI itself: batch-invariant mode (ops + engine, bitwise engi
 relock_() {  # lock nvidia's tiny-v4 baseline in batch-invariant mode into $OUT/bl, then verify a fresh run
   SHUILI_NVIDIA_BATCH_INVARIANT=1 timeout ${T_RELOCK:-200} python3 -m shuili conformance baseline update \
       --platform nvidia --workload tiny-v4 --baselines "$OUT/bl" 2>&1 | tail -3
-  timeout ${T_VERIFY:-200} python3 -m shuili conformance run --platform nvidia --batch-invariant --cases 1 \
+  timeout ${T_VERIFY:-200} python3 -m shuili -v conformance run --platform nvidia --batch-invariant --cases 1 \
       --op rms_norm --workload tiny-v4 --baselines "$OUT/bl" --out "$OUT/conf_verify" > "$OUT/conf_verify.txt" 2>&1
   echo "rc=$?" >> "$OUT/conf_verify.txt"
   grep -E "baseline|conformance of|rc=" "$OUT/conf_verify.txt" "$OUT/conf_verify/report.md" | tail -6
@@ -67,10 +67,10 @@ ctx_() {  # mid-v4 decode step vs context (captured graph replays), bf16 and rel
 }
 confops_() {  # op-level conformance of the ops in OPS (default + batch-invariant mode)
   local ops=""; for o in ${OPS:-sample log_softmax}; do ops="$ops --op $o"; done
-  timeout ${T_CONFOPS:-200} python3 -m shuili conformance run --platform nvidia --no-engine --cases ${CASES:-3} $ops \
+  timeout ${T_CONFOPS:-200} python3 -m shuili -v conformance run --platform nvidia --no-engine --cases ${CASES:-3} $ops \
       --out "$OUT/conf_ops_default" > "$OUT/conf_ops_default.txt" 2>&1; echo "rc=$?" >> "$OUT/conf_ops_default.txt"
   grep -E "conformance of|FAIL|ERROR|rc=" "$OUT/conf_ops_default.txt" | tail -8
-  timeout ${T_CONFOPS:-200} python3 -m shuili conformance run --platform nvidia --no-engine --batch-invariant \
+  timeout ${T_CONFOPS:-200} python3 -m shuili -v conformance run --platform nvidia --no-engine --batch-invariant \
       --cases ${CASES:-3} $ops --out "$OUT/conf_ops_bi" > "$OUT/conf_ops_bi.txt" 2>&1; echo "rc=$?" >> "$OUT/conf_ops_bi.txt"
   grep -E "conformance of|FAIL|ERROR|rc=" "$OUT/conf_ops_bi.txt" | tail -8
 }

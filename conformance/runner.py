@@ -38,15 +38,24 @@ def run_conformance(platform: str, workload_names: list[str] | None = None, seed
                                   "ops": {n: c.determinism.name for n, c in resolved.capabilities.ops.items()},
                                   "sources": dict(resolved.ops.sources)})
     log.info("conformance of %s, seed %d", resolved.name, seed)
-    report.add(ops_check.check_ops(resolved, reference, seed, cases, ops))
-    report.add(ops_check.negative_control(reference, seed))
+    # one line a stage (`shuili -v`): a run cut by a timeout still says how far it got
+    _stage(report, "op checks", t0, ops_check.check_ops(resolved, reference, seed, cases, ops))
+    _stage(report, "negative control", t0, ops_check.negative_control(reference, seed))
     names = list(workload_names) if workload_names is not None else list(workloads.DEFAULT_WORKLOADS)
     if engine:
         for name in names:
-            report.add(_engine(resolved.name, workloads.get(name), seed, engine_checks, engine_level,
-                               baseline_root, replay, batch_invariant))
+            _stage(report, f"engine workload {name}", t0, _engine(resolved.name, workloads.get(name), seed,
+                                                                  engine_checks, engine_level, baseline_root,
+                                                                  replay, batch_invariant))
     report.duration_s = time.perf_counter() - t0
     return report
+
+
+def _stage(report: Report, what: str, t0: float, results) -> None:
+    results = [results] if isinstance(results, CheckResult) else list(results)
+    report.add(results)
+    bad = sum(r.status in ("fail", "error") for r in results)
+    log.info("%s: %d checks, %d failed, at %.1f s", what, len(results), bad, time.perf_counter() - t0)
 
 
 def _engine(platform: str, w: workloads.Workload, seed: int, checks, engine_level: str, root: str,
