@@ -71,7 +71,7 @@ NUM_STAGES = None  # None: 4 for 16-row tiles, 3 above (shared memory)
 # never read it: their tile is fixed for every batch.
 MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)}
 # the same for default mode's MoE on dense experts (gemm.py's dense copy at many rows, bf16 experts),
-# MAX_BM-row tiles. benchmarks/nvidia_qgemm.py --sweep-moe-dense 4096 on an H100 (2026-12-07, mid-v4's
+# MAX_BM-row tiles, bf16 activations only (float32 ones would need twice the shared memory). benchmarks/nvidia_qgemm.py --sweep-moe-dense 4096 on an H100 (2026-12-07, mid-v4's
 # MoE at T4096, bf16 experts, 768 rows an expert): this pair 981 us against 1774 on the generic
 # 64 x 64 x 64 tile, the same outputs (BK stays 64); GEMM2 alone 1078 at BN 256, GEMM1 alone 1677
 DENSE_MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (256, 64, 8, 3), "gemm2": (256, 64, 4, 3)}
@@ -476,7 +476,8 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     if batch_invariant:
         tiles_of = {}
     else:
-        tiles_of = MOE_TILES if bm == 16 else DENSE_MOE_TILES if w13.format == "dense" else {}
+        dense_bf16 = w13.format == "dense" and x.dtype == torch.bfloat16  # float32 tiles need 2x the smem
+        tiles_of = MOE_TILES if bm == 16 else DENSE_MOE_TILES if dense_bf16 else {}
     tile1, tile2 = tiles_of.get("gemm1"), tiles_of.get("gemm2")
     inter = w13.shape[1] // 2
     hilo = x.dtype != torch.float32

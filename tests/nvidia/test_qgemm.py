@@ -471,8 +471,8 @@ def test_block_diagonal_many_rows_takes_the_dense_copy(device, fmt, dtype, monke
 
 
 def test_dense_moe_tiles_reach_the_dense_launches(device, monkeypatch):
-    """qgemm.DENSE_MOE_TILES sets the dense experts' launches at many rows (64-row tiles), within
-    tolerance of the reference; batch-invariant launches and quantized experts never read it."""
+    """qgemm.DENSE_MOE_TILES sets the dense experts' launches at many rows (64-row tiles, bf16), within
+    tolerance of the reference; batch-invariant launches and float32 activations never read it."""
     t, e, k, d, inter = 40, 2, 2, 64, 32  # 40 rows an expert: 64-row tiles
     ids = torch.stack([torch.randperm(e, generator=g(240 + i))[:k] for i in range(t)]).to(device)
     wts = torch.softmax(rnd(t, k, seed=71), -1).to(device)
@@ -489,4 +489,8 @@ def test_dense_moe_tiles_reach_the_dense_launches(device, monkeypatch):
     assert seen == [(64, (64, 32, 4, 2)), (64, (32, 64, 4, 2))] and rel(got, want) < TOL[torch.bfloat16]
     seen.clear()
     qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, True)
+    assert [tile for _, tile in seen] == [None, None]
+    seen.clear()  # float32 activations: the tiles were chosen for bf16 (shared memory)
+    qgemm.moe_experts(x.float(), ids, wts, on(w13, device, torch.float32), on(w2, device, torch.float32), 1.5,
+                      False)
     assert [tile for _, tile in seen] == [None, None]
