@@ -273,9 +273,8 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
     few = (w.format == "dense" and w.data.dtype == torch.float32 and x.dim() == 2
            and skinny.supports(x, w.out_features))
     if not batch_invariant and not few and (w.format == "dense" or (
-            math.prod(x.shape[:-1]) >= DENSE_MIN_ROWS and _dense_copy_fits(w, x.dtype))):
-        wd = w.data.to(x.dtype) if w.format == "dense" else dequant.dense(w, x.dtype).data
-        y = torch.matmul(x, wd.t())
+            math.prod(x.shape[:-1]) >= DENSE_MIN_ROWS and _dense_ok(w, x.dtype))):
+        y = torch.matmul(x, _dense_data(w, x.dtype).t())
         return y + bias.to(y.dtype) if bias is not None else y
     x2 = x.contiguous()
     y = torch.empty(x2.shape[0], w.out_features, dtype=x.dtype, device=x.device)
@@ -291,32 +290,29 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
                    False)
 
 
-def _dense_copy_fits(w: Weight, dtype: torch.dtype) -> bool:
-    return dequant.supports(w) and dequant.dense_bytes(w, dtype) <= dequant.MAX_BYTES
+def _dense_ok(w: Weight, dtype: torch.dtype) -> bool:
+    """w is dense, or its dense `dtype` copy may be made (a quantized format within dequant.MAX_BYTES)."""
+    return w.format == "dense" or (dequant.supports(w) and dequant.dense_bytes(w, dtype) <= dequant.MAX_BYTES)
+
+
+def _dense_data(w: Weight, dtype: torch.dtype) -> torch.Tensor:
+    """w's values as a dense `dtype` tensor: a dense weight cast, a quantized one decoded (dequant.py)."""
+    return w.data.to(dtype) if w.format == "dense" else dequant.dense(w, dtype).data
 
 
 def _dense_experts(rows: int, w13: Weight, w2: Weight, dtype: torch.dtype) -> tuple[Weight, Weight] | None:
     """Both expert weights as dense `dtype` copies when default mode's MoE has many rows per expert
-    (DENSE_MOE_MIN_ROWS) and the copies fit dequant.MAX_BYTES; else None."""
-    if rows < DENSE_MOE_MIN_ROWS * w13.shape[0]:
+    (DENSE_MOE_MIN_ROWS) and both copies may be made (_dense_ok); else None, before decoding either."""
+    if rows < DENSE_MOE_MIN_ROWS * w13.shape[0] or not (_dense_ok(w13, dtype) and _dense_ok(w2, dtype)):
         return None
-    out = []
-    for w in (w13, w2):
-        if w.format == "dense":
-            out.append(w if w.data.dtype == dtype else Weight.dense(w.data.to(dtype)))
-        elif _dense_copy_fits(w, dtype):
-            out.append(dequant.dense(w, dtype))
-        else:
-            return None
-    return out[0], out[1]
+    return Weight.dense(_dense_data(w13, dtype)), Weight.dense(_dense_data(w2, dtype))
 
 
 def block_diagonal_linear(x: torch.Tensor, w: Weight, *, batch_invariant: bool = False) -> torch.Tensor:
     """x [T, G*K], W [G, N, K] -> [T, G*N]. qgemm's formats: the grouped launch on the blocks where
     they lie (grouped_linear's bits for the regrouped rows); others: grouped_linear on regrouped
     copies."""
-    if (not batch_invariant and x.dim() == 2 and x.shape[0] >= DENSE_MIN_ROWS and len(w.shape) == 3
-            and (w.format == "dense" or _dense_copy_fits(w, x.dtype))):
+    if not batch_invariant and x.dim() == 2 and x.shape[0] >= DENSE_MIN_ROWS and _dense_ok(w, x.dtype):
         check_block_diagonal_args(x, w)
         return _dense_block_diagonal(x.contiguous(), w)
     if not (USE_QGEMM and qgemm.supports(w)):  # the composition checks the arguments
@@ -335,10 +331,10 @@ def _dense_block_diagonal(x: torch.Tensor, w: Weight) -> torch.Tensor:
     blocks read and y's written where they lie (batch stride K or N, row stride G*K or G*N)."""
     g, n, k = w.shape
     t = x.shape[0]
-    wd = w.data.to(x.dtype) if w.format == "dense" else dequant.dense(w, x.dtype).data
     y = torch.empty(t, g * n, dtype=x.dtype, device=x.device)
     if t and n:
-        torch.bmm(x.view(t, g, k).transpose(0, 1), wd.transpose(1, 2), out=y.view(t, g, n).transpose(0, 1))
+        torch.bmm(x.view(t, g, k).transpose(0, 1), _dense_data(w, x.dtype).transpose(1, 2),
+                  out=y.view(t, g, n).transpose(0, 1))
     return y
 
 
