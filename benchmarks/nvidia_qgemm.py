@@ -161,6 +161,14 @@ def mxfp4_moe_weights():
                   3 * inter * d * e // 2)
 
 
+def bf16_moe_weights():
+    """Two copies of mid-v4's expert weights (w13, w2) in bf16 (many-row cases: the weights are not
+    what the time is spent on)."""
+    e, _, d, inter = MOE
+    return [(Weight.dense(torch.randn(e, 2 * inter, d, device=DEV, dtype=BF) * 0.02),
+             Weight.dense(torch.randn(e, d, inter, device=DEV, dtype=BF) * 0.02)) for _ in range(2)]
+
+
 def moe_rows(bw, t_list, fmts, bi_list):
     rows = []
     e, k, d, inter = MOE
@@ -241,12 +249,7 @@ def sweep_moe(bw, t=64, candidates=None, dense=False):
     table = "DENSE_MOE_TILES" if dense else "MOE_TILES"
     chosen = dict(getattr(qgemm, table))
     keep = chosen if candidates else {}
-    if dense:
-        e, _, d, inter = MOE
-        ws = [(Weight.dense(torch.randn(e, 2 * inter, d, device=DEV, dtype=BF) * 0.02),
-               Weight.dense(torch.randn(e, d, inter, device=DEV, dtype=BF) * 0.02)) for _ in range(2)]
-    else:
-        ws = mxfp4_moe_weights()
+    ws = bf16_moe_weights() if dense else mxfp4_moe_weights()
     x, ids, wts = moe_inputs(t)
     ref = gemm.moe_experts(x, ids, wts, *ws[0], 10.0).float()
 
@@ -387,9 +390,7 @@ def dense_ab(ts=(128, 256, 512, 1024, 4096), ms=(256, 512, 1024, 2048, 4096)):
     gemm.DENSE_MOE_MIN_ROWS / DENSE_MIN_ROWS thresholds switch to: mid-v4's mxfp4 MoE at T tokens
     and bf16 MoE (the composed path against qgemm's pipeline), and a 4096 x 4096 fp8_block128
     linear at M rows. Graph replays, alternating, best of two; rel = the two outputs' difference."""
-    e, _, d, inter = MOE
-    bf = [(Weight.dense(torch.randn(e, 2 * inter, d, device=DEV, dtype=BF) * 0.02),
-           Weight.dense(torch.randn(e, d, inter, device=DEV, dtype=BF) * 0.02)) for _ in range(2)]
+    bf = bf16_moe_weights()
     cases = []
     for t in ts:
         x, ids, wts = moe_inputs(t)
