@@ -51,8 +51,7 @@ def run_conformance(platform: str, workload_names: list[str] | None = None, seed
     return report
 
 
-def _stage(report: Report, what: str, t0: float, results) -> None:
-    results = [results] if isinstance(results, CheckResult) else list(results)
+def _stage(report: Report, what: str, t0: float, results: list[CheckResult]) -> None:
     report.add(results)
     bad = sum(r.status in ("fail", "error") for r in results)
     log.info("%s: %d checks, %d failed, at %.1f s", what, len(results), bad, time.perf_counter() - t0)
