@@ -71,9 +71,10 @@ NUM_STAGES = None  # None: 4 for 16-row tiles, 3 above (shared memory)
 # never read it: their tile is fixed for every batch.
 MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)}
 # the same for default mode's MoE on dense experts (gemm.py's dense copy at many rows, bf16 experts),
-# MAX_BM-row tiles, bf16 activations only (float32 ones would need twice the shared memory). benchmarks/nvidia_qgemm.py --sweep-moe-dense 4096 on an H100 (2026-12-07, mid-v4's
-# MoE at T4096, bf16 experts, 768 rows an expert): this pair 981 us against 1774 on the generic
-# 64 x 64 x 64 tile, the same outputs (BK stays 64); GEMM2 alone 1078 at BN 256, GEMM1 alone 1677
+# MAX_BM-row tiles, bf16 activations only (float32 ones would need twice the shared memory).
+# benchmarks/nvidia_qgemm.py --sweep-moe-dense 4096 on an H100 (2026-12-07, mid-v4's MoE at T4096,
+# bf16 experts, 768 rows an expert): this pair 981 us against 1774 on the generic 64 x 64 x 64 tile,
+# the same outputs (BK stays 64); GEMM2 alone 1078 at BN 256, GEMM1 alone 1677
 DENSE_MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (256, 64, 8, 3), "gemm2": (256, 64, 4, 3)}
 # bf16 activations decode mxfp4 weights with quant.e2m1_bf16_x8 (PTX byte permutes, bf16 multiplies) on
 # the GPU: the same bits as the float32 decode (quant.e2m1_x8), which SHUILI_NVIDIA_ASM_E2M1=0 and the
