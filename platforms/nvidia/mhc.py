@@ -2,7 +2,8 @@
 hc_mix first adds the partials of skinny.py's split-K float32 GEMM (its norm folded in as the
 rows' sums of squares), so the norm, the mixing linear (cuBLAS sgemm + split-K reduce before) and
 the Sinkhorn take two launches where a float32 copy, the norm, two cuBLAS kernels and the
-Sinkhorn took five. Every tile is fixed: batch-invariant in both modes.
+Sinkhorn took five. Every tile is fixed: batch-invariant in batch-invariant mode, and in default
+mode below skinny.SPLIT3_MIN_ROWS rows (from there, bf16 streams: the tensor-core partials).
 
 hc_collapse and hc_expand: the mHC stream collapse and expand, one program per (token, D tile),
 all m streams of the token in registers. As torch glue they were many small elementwise kernels
@@ -102,7 +103,7 @@ def hc_split_sinkhorn(mix, scale, base, hc_mult, iters, eps):
     return _coefficients(mix.float().contiguous(), scale, base, m, iters, eps)
 
 
-def hc_mix(x: torch.Tensor, fn: Weight, scale, base, iters, eps, norm_eps):
+def hc_mix(x: torch.Tensor, fn: Weight, scale, base, iters, eps, norm_eps, *, batch_invariant: bool = False):
     check_hc_mix_args(x, fn)
     t, m, d = x.shape
     if m * (m + 2) > skinny.MAX_N:  # one program holds every mixing column: else the three ops, with the
@@ -110,7 +111,11 @@ def hc_mix(x: torch.Tensor, fn: Weight, scale, base, iters, eps, norm_eps):
         lin = lambda a, w: gemm.linear(a, w, batch_invariant=True)  # noqa: E731
         return composed_hc_mix(norm_rope.rms_norm, lin, hc_split_sinkhorn)(x, fn, scale, base, iters, eps,
                                                                            norm_eps)
-    parts = skinny.partials(x.reshape(t, m * d), fn.data, sumsq=True)
+    flat = x.reshape(t, m * d)
+    if skinny.split3_ok(flat, batch_invariant):
+        parts = skinny.split3_partials(flat, fn.data, sumsq=True)
+    else:
+        parts = skinny.partials(flat, fn.data, sumsq=True)
     return _coefficients(parts, scale, base, m, iters, eps, m * d, norm_eps)
 
 

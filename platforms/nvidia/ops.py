@@ -15,6 +15,7 @@ MODE_OPS = {
     "block_diagonal_linear": gemm.block_diagonal_linear,
     "moe_experts": gemm.moe_experts,
     "paged_attention": attention.paged_attention,
+    "hc_mix": mhc.hc_mix,
 }
 
 PLAIN_OPS = {
@@ -25,7 +26,6 @@ PLAIN_OPS = {
     "swiglu": misc.swiglu,
     "embedding": misc.embedding,
     "hc_split_sinkhorn": mhc.hc_split_sinkhorn,
-    "hc_mix": mhc.hc_mix,
     "hc_collapse": mhc.hc_collapse,
     "hc_expand": mhc.hc_expand,
     "engram_gate": REFERENCE_OPS["engram_gate"],  # exact numerics, row-local, runs on the GPU

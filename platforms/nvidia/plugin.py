@@ -50,9 +50,10 @@ _CAPS = {
     "swiglu": (_ACT, (), L.batch_invariant, L.batch_invariant, "elementwise"),
     "embedding": (_ACT, (), L.portable_bitwise, L.portable_bitwise, "row gather"),
     "hc_split_sinkhorn": (_F32, (), L.batch_invariant, L.batch_invariant, "one program per token"),
-    "hc_mix": (_ACT, (), L.batch_invariant, L.batch_invariant,
+    "hc_mix": (_ACT, (), L.run_to_run, L.batch_invariant,
                "float32 split-K partials over fixed K chunks (skinny.py), then one program per token: "
-               "their sum, the norm's scale and the Sinkhorn"),
+               "their sum, the norm's scale and the Sinkhorn; default mode from 256 rows of bf16: "
+               "the partials on tensor cores, the weight in three bf16 pieces"),
     "hc_collapse": (_ACT, (), L.batch_invariant, L.batch_invariant,
                     "one program per (token, D tile); the reference's float32 tree over the streams"),
     "hc_expand": (_ACT, (), L.batch_invariant, L.batch_invariant,

@@ -10,6 +10,14 @@ linear (chunk order), the Sinkhorn kernel for hc_mix (mhc.py). SUMSQ also stores
 row's partial sum of squares over the chunk (hc_mix's unweighted RMSNorm, folded in: the rows
 are never normalised in memory). The tile and the chunking never depend on M, so a row's bits
 never depend on the batch or on its place in it: batch-invariant in default mode too.
+
+At many rows that FMA dot is far from the hardware (an H100 prefill of 2 x 4096 tokens spent 18 ms
+in 37 calls, about 0.5 ms for a hc_mix whose FMA floor is near 70 us). So default mode, from
+SPLIT3_MIN_ROWS rows of bf16 x, runs split3_partials instead: w cut in the kernel into three bf16
+pieces, hi + mid + lo == w exactly (24 significand bits as 8 + 8 + 8), each x * piece product exact
+in float32, summed by the tensor cores in float32 (their own order and rounding: accurate as a
+float32 sum, not its bits), a row's bits still independent of the other rows. Switching on the row
+count makes the bits depend on the batch, hence default mode only.
 """
 from __future__ import annotations
 
@@ -57,6 +65,77 @@ def _partials_kernel(x_ptr, w_ptr, p_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, S
     tl.store(part + cols[None, :], acc, mask=rok[:, None] & cok[None, :])
     if SUMSQ:
         tl.store(p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows.to(tl.int64) * s_pm + N, ss, mask=rok)
+
+
+SPLIT3_MIN_ROWS = 256
+# (BM, KC, warps, stages): rows a program, K a chunk (a multiple of BK), from K alone as above
+SPLIT3_TILE = (64, 1024, 4, 3)
+
+
+@triton.jit
+def _split3_kernel(x_ptr, w_ptr, p_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, SUMSQ: tl.constexpr,
+                   NP: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """_partials_kernel's partials of bf16 x on tensor cores: x @ hi^T + (x @ mid^T + x @ lo^T),
+    hi, mid, lo the bf16 pieces of the float32 w tile (each residual is exact in float32)."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    rok = rows < M
+    cols = tl.arange(0, NP)
+    cok = cols < N
+    k_lo = tl.program_id(1) * KC
+    k_hi = tl.minimum(k_lo + KC, K)
+    acc_hi = tl.zeros([BM, NP], tl.float32)
+    acc_mid = tl.zeros([BM, NP], tl.float32)
+    acc_lo = tl.zeros([BM, NP], tl.float32)
+    ss = tl.zeros([BM], tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        kk = k0 + tl.arange(0, BK)
+        kok = kk < k_hi
+        a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :], mask=rok[:, None] & kok[None, :],
+                    other=0.0)
+        w = tl.load(w_ptr + cols[:, None] * s_wn + kk[None, :], mask=cok[:, None] & kok[None, :], other=0.0)
+        hi = w.to(tl.bfloat16)
+        r = w - hi.to(tl.float32)
+        mid = r.to(tl.bfloat16)
+        lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+        acc_hi = tl.dot(a, tl.trans(hi), acc_hi)
+        acc_mid = tl.dot(a, tl.trans(mid), acc_mid)
+        acc_lo = tl.dot(a, tl.trans(lo), acc_lo)
+        if SUMSQ:
+            af = a.to(tl.float32)
+            ss += tl.sum(af * af, axis=1)
+    part = p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows[:, None].to(tl.int64) * s_pm
+    tl.store(part + cols[None, :], acc_hi + (acc_mid + acc_lo), mask=rok[:, None] & cok[None, :])
+    if SUMSQ:
+        tl.store(p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows.to(tl.int64) * s_pm + N, ss, mask=rok)
+
+
+def split3_ok(x: torch.Tensor, batch_invariant: bool) -> bool:
+    """Whether `partials` of x [M, K] may run as split3_partials: default mode, bf16, many rows."""
+    return not batch_invariant and x.dtype == torch.bfloat16 and x.shape[0] >= SPLIT3_MIN_ROWS
+
+
+def split3_partials(x: torch.Tensor, w: torch.Tensor, sumsq: bool = False, tile=None) -> torch.Tensor:
+    """`partials` of bf16 x [M, K] on tensor cores (the module docstring says how and at what
+    accuracy): float32 [cdiv(K, KC), M, N (+1 with sumsq)]. tile: (BM, KC, warps, stages),
+    SPLIT3_TILE if None."""
+    m, k = x.shape
+    n = w.shape[0]
+    if x.dtype != torch.bfloat16 or w.shape[1] != k or n > MAX_N:
+        raise ValueError(f"skinny split3_partials: x {tuple(x.shape)} {x.dtype} and w {tuple(w.shape)} "
+                         f"(bf16 x, at most {MAX_N} rows of w)")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    w = w.float().contiguous()
+    bm, kc, warps, stages = tile or SPLIT3_TILE
+    if kc % BK:
+        raise ValueError(f"skinny split3_partials: KC {kc} is not a multiple of {BK}")
+    s = cdiv(k, kc)
+    p = torch.empty(s, m, n + int(sumsq), dtype=torch.float32, device=x.device)
+    if m:
+        _split3_kernel[(cdiv(m, bm), s)](x, w, p, m, n, k, kc, x.stride(0), w.stride(0), p.stride(1),
+                                         p.stride(0), SUMSQ=sumsq, NP=pow2(n, 16), BM=bm, BK=BK,
+                                         num_warps=warps, num_stages=stages)
+    return p
 
 
 def supports(x: torch.Tensor, n: int) -> bool:
