@@ -9,6 +9,12 @@ current tile's output (only the K chunking changes bits).
 standalone one; splitk.py's docstring has the figures and why the fused sum was dropped.)
 
     python benchmarks/nvidia_skinny.py [--t 64] [--reps 20]
+    python benchmarks/nvidia_skinny.py --many 8192     # prefill rows: FMA vs tensor-core partials
+
+--many T times hc_mix's partials at T rows (a 4k prefill of two sequences has 8192) on the FMA
+kernel against skinny.split3_partials' tile candidates (BM, KC, warps, stages), each with its
+error against float64 as a multiple of conformance's float32 bound (2e-6 * sum |x w|; under 1
+passes), then the whole hc_mix in both modes and the router on its float32 rows.
 
 Each time is per call, from a CUDA graph of --reps calls (the first version replayed a graph of one
 call, whose replay overhead hid the kernels). "kernels" lines give each kernel's device time per
@@ -92,14 +98,62 @@ def sweep(t: int, reps: int) -> None:
             print(f"{name:<10} {'cuBLAS':<34} {'':>6} {us:8.2f}", flush=True)
 
 
+SPLIT3_CANDIDATES = [(64, 1024, 4, 3), (64, 512, 4, 3), (64, 2048, 4, 3), (128, 1024, 4, 3),
+                     (128, 1024, 8, 3), (128, 2048, 8, 3), (64, 1024, 4, 4), (64, 1024, 4, 2),
+                     (128, 512, 8, 3), (64, 8192, 4, 3)]
+
+
+def many(t: int, reps: int) -> None:
+    g = torch.Generator(device=DEV).manual_seed(0)
+    x = torch.randn(t, 4, 2048, device=DEV, generator=g).to(BF)
+    fn = Weight.dense(torch.randn(24, 8192, device=DEV, generator=g) / 90)
+    scale, base = torch.tensor([0.5, 1.0, 2.0], device=DEV), torch.randn(24, device=DEV, generator=g)
+    flat = x.reshape(t, 8192)
+    want = flat.double() @ fn.data.double().t()
+    bound = 2e-6 * (flat.double().abs() @ fn.data.double().abs().t())
+
+    def err(p):  # worst |sum of partials - float64| over the float32 bound
+        return float(((p[:, :, :24].double().sum(0) - want).abs() / bound).max())
+
+    reps = max(1, min(reps, 5))  # one call is already hundreds of us
+    fma = lambda: skinny.partials(flat, fn.data, sumsq=True)  # noqa: E731
+    print(f"hc parts at T={t}: {'kernel / tile (BM, KC, warps, stages)':<40} {'us':>8} {'err/bound':>10}")
+
+    def row(name, run):
+        return f"{'':<20}{name:<40} {graph_time([run] * reps) * 1e6:8.2f} {err(run()):10.3f}"
+
+    print(row(f"FMA {skinny.TILE}", fma))
+    for tile in SPLIT3_CANDIDATES:
+        run = lambda: skinny.split3_partials(flat, fn.data, sumsq=True, tile=tile)  # noqa: E731
+        try:
+            print(row(f"split3 {tile}", run), flush=True)
+        except Exception as e:  # noqa: BLE001 (a tile that fails to compile or run: say so, go on)
+            print(f"{'':<20}{'split3 ' + str(tile):<40} failed: {type(e).__name__}: {e}"[:160], flush=True)
+    for bi in (True, False):
+        run = lambda: mhc.hc_mix(x, fn, scale, base, 20, 1e-6, 1e-6, batch_invariant=bi)  # noqa: E731
+        ks = ", ".join(f"{k} {us:.2f} us" for k, (us, n) in kernel_us(run, reps).items())
+        us = graph_time([run] * reps) * 1e6
+        print(f"hc_mix T={t} batch_invariant={bi}: {us:.2f} us ({ks})", flush=True)
+    xr = torch.randn(t, 2048, device=DEV, generator=g)
+    wr = torch.randn(32, 2048, device=DEV, generator=g)
+    router = lambda: skinny.linear(xr, wr, None, torch.empty(t, 32, device=DEV))  # noqa: E731
+    print(f"router T={t} (float32 rows, FMA): {graph_time([router] * reps) * 1e6:.2f} us; "
+          f"cuBLAS {graph_time([lambda: xr @ wr.t()] * reps) * 1e6:.2f} us", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--t", type=int, default=64)
     ap.add_argument("--reps", type=int, default=20, help="calls per CUDA graph: a graph of one call times "
                     "its replay overhead (several us) with it")
+    ap.add_argument("--many", type=int, default=0, metavar="T",
+                    help="time the many-row paths at T rows instead")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
-    sweep(a.t, a.reps)
+    if a.many:
+        many(a.many, a.reps)
+    else:
+        sweep(a.t, a.reps)
 
 
 if __name__ == "__main__":
