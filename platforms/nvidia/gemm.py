@@ -269,9 +269,10 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
         raise ValueError(f"linear: x has {x.shape[-1]} features, weight expects {w.in_features}")
     if w.format in ("mxfp4", "fp8_block32") and w.in_features % 32:
         raise ValueError(f"{w.format} weights need K % 32 == 0, got K={w.in_features}")
-    # float32 with few columns: skinny.py's split-K, in both modes
+    # float32 with few columns: skinny.py's split-K, in batch-invariant mode and below DENSE_MIN_ROWS
+    # rows (a 4k prefill's router: 172 us there, 46 on cuBLAS's sgemm, H100)
     few = (w.format == "dense" and w.data.dtype == torch.float32 and x.dim() == 2
-           and skinny.supports(x, w.out_features))
+           and skinny.supports(x, w.out_features) and (batch_invariant or x.shape[0] < DENSE_MIN_ROWS))
     if not batch_invariant and not few and (w.format == "dense" or (
             math.prod(x.shape[:-1]) >= DENSE_MIN_ROWS and _dense_ok(w, x.dtype))):
         y = torch.matmul(x, _dense_data(w, x.dtype).t())

@@ -33,7 +33,7 @@ _CAPS = {
                "default: cuBLAS (dense, and quantized from 256 rows on a dense copy) / M-sized Triton "
                "tiles (quantized); batch-invariant mode: "
                "one fixed-tile Triton kernel; float32 with at most 64 columns: split-K over fixed "
-               "chunks of K in both modes"),
+               "chunks of K (in default mode below 256 rows)"),
     "grouped_linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant, "Triton grouped GEMM"),
     "block_diagonal_linear": (_ACT, _WEIGHTS, L.run_to_run, L.batch_invariant,
                               "qgemm formats: the grouped GEMM on the blocks where they lie, "

@@ -644,6 +644,23 @@ def test_skinny_float32_linear(device, bi, t, k, n, bias):
     assert gemm.linear(on(x[:0]), w.to(device), on(b), batch_invariant=bi).shape == (0, n)
 
 
+@pytest.mark.parametrize("bi", [False, True])
+def test_skinny_float32_linear_at_many_rows(device, monkeypatch, bi):
+    """From DENSE_MIN_ROWS rows default mode runs the float32 linear on cuBLAS (run-to-run, as its
+    other dense linears); batch-invariant mode keeps the split-K kernel. Both are float32 sums."""
+    from shuili.platforms.nvidia import skinny
+
+    calls, kernel = [], skinny.linear
+    monkeypatch.setattr(skinny, "linear", lambda *a: calls.append(1) or kernel(*a))
+    t = gemm.DENSE_MIN_ROWS
+    x, w, b = rnd(t, 256, seed=60), Weight.dense(rnd(32, 256, seed=61)), rnd(32, seed=62)
+    got = gemm.linear(x.to(device), w.to(device), b.to(device), batch_invariant=bi).cpu()
+    assert len(calls) == int(bi) and got.dtype == torch.float32
+    assert rel(got, REF["linear"](x, w, b)) < 1e-5
+    gemm.linear(x[:t - 1].to(device), w.to(device), b.to(device), batch_invariant=bi)
+    assert len(calls) == int(bi) + 1  # one row fewer: the split-K kernel in both modes
+
+
 # ------------------------------------------------------------------------- mHC mixing (hc_mix)
 def mix_inputs(t, m, d, dtype, seed=0):
     gen = g(seed + 10 * m + d)
