@@ -9,10 +9,10 @@ the partials are added in a fixed order by the kernel that needs the sum: splitk
 linear (chunk order), the Sinkhorn kernel for hc_mix (mhc.py). SUMSQ also stores each
 row's partial sum of squares over the chunk (hc_mix's unweighted RMSNorm, folded in: the rows
 are never normalised in memory). The tile and the chunking never depend on M, so a row's bits
-never depend on the batch or on its place in it: batch-invariant in default mode too.
+never depend on the batch or on its place in it.
 
-At many rows that FMA dot is far from the hardware (an H100 prefill of 2 x 4096 tokens spent 18 ms
-in 37 calls, about 0.5 ms for a hc_mix whose FMA floor is near 70 us). So default mode, from
+At many rows that FMA dot is far from the hardware: an H100 prefill of 2 x 4096 tokens spent 18 ms
+in its 37 calls, 679 us for one hc_mix's partials whose FMA floor is near 70 us. So default mode, from
 SPLIT3_MIN_ROWS rows of bf16 x, runs split3_partials instead: w cut in the kernel into three bf16
 pieces, hi + mid + lo == w exactly (24 significand bits as 8 + 8 + 8), each x * piece product exact
 in float32, summed by the tensor cores in float32 (their own order and rounding: accurate as a
