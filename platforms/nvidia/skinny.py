@@ -40,16 +40,29 @@ TILE = (16, 128, 64, 2)
 
 
 @triton.jit
+def _tile(M, N, K, KC, NP: tl.constexpr, BM: tl.constexpr):
+    """Program (row tile, K chunk)'s rows, columns (with their masks) and K range [k_lo, k_hi)."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.arange(0, NP)
+    k_lo = tl.program_id(1) * KC
+    return rows, rows < M, cols, cols < N, k_lo, tl.minimum(k_lo + KC, K)
+
+
+@triton.jit
+def _store(p_ptr, acc, ss, rows, rok, cols, cok, N, s_pm, s_ps, SUMSQ: tl.constexpr):
+    """The program's partial [BM, N] into p[chunk, rows], and (SUMSQ) its sums of squares into column N."""
+    part = p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows.to(tl.int64) * s_pm
+    tl.store(part[:, None] + cols[None, :], acc, mask=rok[:, None] & cok[None, :])
+    if SUMSQ:
+        tl.store(part + N, ss, mask=rok)
+
+
+@triton.jit
 def _partials_kernel(x_ptr, w_ptr, p_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, SUMSQ: tl.constexpr,
                      NP: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     """p[chunk, row, :N] = x[row, chunk] @ w[:, chunk]^T, float32; SUMSQ: p[chunk, row, N] = the
     chunk's sum of x^2."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    rok = rows < M
-    cols = tl.arange(0, NP)
-    cok = cols < N
-    k_lo = tl.program_id(1) * KC
-    k_hi = tl.minimum(k_lo + KC, K)
+    rows, rok, cols, cok, k_lo, k_hi = _tile(M, N, K, KC, NP, BM)
     acc = tl.zeros([BM, NP], tl.float32)
     ss = tl.zeros([BM], tl.float32)
     for k0 in range(k_lo, k_hi, BK):
@@ -61,10 +74,7 @@ def _partials_kernel(x_ptr, w_ptr, p_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, S
         acc = tl.dot(a, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
         if SUMSQ:
             ss += tl.sum(a * a, axis=1)
-    part = p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows[:, None].to(tl.int64) * s_pm
-    tl.store(part + cols[None, :], acc, mask=rok[:, None] & cok[None, :])
-    if SUMSQ:
-        tl.store(p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows.to(tl.int64) * s_pm + N, ss, mask=rok)
+    _store(p_ptr, acc, ss, rows, rok, cols, cok, N, s_pm, s_ps, SUMSQ)
 
 
 SPLIT3_MIN_ROWS = 256
@@ -80,12 +90,7 @@ def _split3_kernel(x_ptr, w_ptr, p_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, SUM
                    NP: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     """_partials_kernel's partials of bf16 x on tensor cores: x @ hi^T + (x @ mid^T + x @ lo^T),
     hi, mid, lo the bf16 pieces of the float32 w tile (each residual is exact in float32)."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    rok = rows < M
-    cols = tl.arange(0, NP)
-    cok = cols < N
-    k_lo = tl.program_id(1) * KC
-    k_hi = tl.minimum(k_lo + KC, K)
+    rows, rok, cols, cok, k_lo, k_hi = _tile(M, N, K, KC, NP, BM)
     acc_hi = tl.zeros([BM, NP], tl.float32)
     acc_mid = tl.zeros([BM, NP], tl.float32)
     acc_lo = tl.zeros([BM, NP], tl.float32)
@@ -106,10 +111,7 @@ def _split3_kernel(x_ptr, w_ptr, p_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, SUM
         if SUMSQ:
             af = a.to(tl.float32)
             ss += tl.sum(af * af, axis=1)
-    part = p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows[:, None].to(tl.int64) * s_pm
-    tl.store(part + cols[None, :], acc_hi + (acc_mid + acc_lo), mask=rok[:, None] & cok[None, :])
-    if SUMSQ:
-        tl.store(p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows.to(tl.int64) * s_pm + N, ss, mask=rok)
+    _store(p_ptr, acc_hi + (acc_mid + acc_lo), ss, rows, rok, cols, cok, N, s_pm, s_ps, SUMSQ)
 
 
 def split3_ok(x: torch.Tensor, batch_invariant: bool) -> bool:
