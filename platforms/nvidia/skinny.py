@@ -123,23 +123,28 @@ def split3_partials(x: torch.Tensor, w: torch.Tensor, sumsq: bool = False, tile=
     """`partials` of bf16 x [M, K] on tensor cores (the module docstring says how and at what
     accuracy): float32 [cdiv(K, KC), M, N (+1 with sumsq)]. tile: (BM, KC, warps, stages),
     SPLIT3_TILE if None."""
-    m, k = x.shape
-    n = w.shape[0]
-    if x.dtype != torch.bfloat16 or w.shape[1] != k or n > MAX_N:
+    if x.dtype != torch.bfloat16 or w.shape[1] != x.shape[1] or w.shape[0] > MAX_N:
         raise ValueError(f"skinny split3_partials: x {tuple(x.shape)} {x.dtype} and w {tuple(w.shape)} "
                          f"(bf16 x, at most {MAX_N} rows of w)")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    w = w.float().contiguous()
     bm, kc, warps, stages = tile or SPLIT3_TILE
     if kc % BK:
         raise ValueError(f"skinny split3_partials: KC {kc} is not a multiple of {BK}")
+    return _run(_split3_kernel, x, w, sumsq, bm, kc, num_warps=warps, num_stages=stages)
+
+
+def _run(kernel, x: torch.Tensor, w: torch.Tensor, sumsq: bool, bm: int, kc: int, **launch) -> torch.Tensor:
+    """kernel's partials of x [M, K] (unit stride along K) against w [N, K] read as float32, in
+    programs of bm rows and chunks of kc: float32 [cdiv(K, kc), M, N (+1 with sumsq)]."""
+    m, k = x.shape
+    n = w.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    w = w.float().contiguous()
     s = cdiv(k, kc)
     p = torch.empty(s, m, n + int(sumsq), dtype=torch.float32, device=x.device)
     if m:
-        _split3_kernel[(cdiv(m, bm), s)](x, w, p, m, n, k, kc, x.stride(0), w.stride(0), p.stride(1),
-                                         p.stride(0), SUMSQ=sumsq, NP=pow2(n, 16), BM=bm, BK=BK,
-                                         num_warps=warps, num_stages=stages)
+        kernel[(cdiv(m, bm), s)](x, w, p, m, n, k, kc, x.stride(0), w.stride(0), p.stride(1), p.stride(0),
+                                 SUMSQ=sumsq, NP=pow2(n, 16), BM=bm, BK=BK, **launch)
     return p
 
 
@@ -158,24 +163,12 @@ def partials(x: torch.Tensor, w: torch.Tensor, sumsq: bool = False, tile=None) -
     """x [M, K] (any float dtype, read as float32; unit stride along K), w float32 [N, K] ->
     float32 partials [chunks, M, N (+1 with sumsq)]. tile: (BM, MIN_KC, CHUNKS, warps[, stages]), TILE
     if None."""
-    m, k = x.shape
-    n = w.shape[0]
-    if w.shape[1] != k or n > MAX_N:
+    k = x.shape[1]
+    if w.shape[1] != k or w.shape[0] > MAX_N:
         raise ValueError(f"skinny partials: x {tuple(x.shape)} and w {tuple(w.shape)} (at most {MAX_N} rows)")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    w = w.float().contiguous()
     tile = tile or TILE
-    bm, warps = tile[0], tile[3]
     stages = {"num_stages": tile[4]} if len(tile) > 4 else {}
-    kc = chunk(k, tile)
-    s = cdiv(k, kc)
-    p = torch.empty(s, m, n + int(sumsq), dtype=torch.float32, device=x.device)
-    if m:
-        _partials_kernel[(cdiv(m, bm), s)](x, w, p, m, n, k, kc, x.stride(0), w.stride(0), p.stride(1),
-                                           p.stride(0), SUMSQ=sumsq, NP=pow2(n, 16), BM=bm, BK=BK,
-                                           num_warps=warps, **stages)
-    return p
+    return _run(_partials_kernel, x, w, sumsq, tile[0], chunk(k, tile), num_warps=tile[3], **stages)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
