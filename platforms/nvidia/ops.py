@@ -16,6 +16,7 @@ MODE_OPS = {
     "moe_experts": gemm.moe_experts,
     "paged_attention": attention.paged_attention,
     "hc_mix": mhc.hc_mix,
+    "sparse_attention": attention.sparse_attention,
 }
 
 PLAIN_OPS = {
@@ -37,7 +38,6 @@ PLAIN_OPS = {
     "kv_write": misc.kv_write,
     "paged_slots": misc.paged_slots,
     "compress_pool": compress.compress_pool,
-    "sparse_attention": attention.sparse_attention,
     "indexer_topk": indexer.indexer_topk,
     "indexer_select": indexer.indexer_select,
     "log_softmax": sampling.log_softmax,

@@ -404,12 +404,18 @@ def kv_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def kv_dequantize(packed: torch.Tensor, fmt: str, dim: int) -> torch.Tensor:
+    return dequantize_rows(packed, fmt, dim, torch.float32)
+
+
+def dequantize_rows(packed: torch.Tensor, fmt: str, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """kv_dequantize's values stored as dtype: exact in bfloat16 too, since no format's element
+    times its scale has more than 6 significand bits."""
     rb = bytes_per_row(fmt, dim)
     if packed.dim() != 2 or packed.shape[1] != rb or packed.dtype != torch.uint8:
         raise ValueError(f"kv_dequantize({fmt}, dim={dim}) takes uint8 [N, {rb}], got "
                          f"{packed.dtype} {tuple(packed.shape)}")
     n = packed.shape[0]
-    out = torch.empty(n, dim, dtype=torch.float32, device=packed.device)
+    out = torch.empty(n, dim, dtype=dtype, device=packed.device)
     if n:
         rows = max(1, min(16, 4096 // pow2(dim)))
         _dequantize_kernel[(triton.cdiv(n, rows),)](packed.contiguous(), out, n, D=dim, DP=pow2(dim),

@@ -408,12 +408,12 @@ def sparse_case(t, h, d, fmts, widths, seed=0, hole=0.3, slots=96):
     return rnd(t, h, d, seed=seed + 50), kv, idx, rnd(h, seed=seed + 51)
 
 
-def sparse_run(device, q, kv, idx, sinks, fmts, dtype=torch.float32):
+def sparse_run(device, q, kv, idx, sinks, fmts, dtype=torch.float32, **kw):
     """Runs the nvidia op (q and unpacked caches in dtype), returns the output on the CPU."""
     kv = [c if f != "none" else c.to(dtype) for c, f in zip(kv, fmts)]
     return attention.sparse_attention(q.to(device, dtype), [c.to(device) for c in kv],
                                       [i.to(device) for i in idx], q.shape[-1] ** -0.5,
-                                      None if sinks is None else sinks.to(device), list(fmts)).cpu()
+                                      None if sinks is None else sinks.to(device), list(fmts), **kw).cpu()
 
 
 SMALL_SPLIT = 32  # the sparse kernel's column chunk in these tests: small L crosses chunk boundaries
@@ -446,6 +446,38 @@ def test_sparse_attention_batch_invariant(device, monkeypatch, fmts, dtype):
     for i in range(7):
         one = sparse_run(device, q[i:i + 1], kv, [x[i:i + 1] for x in idx], s, fmts, dtype)
         assert torch.equal(bits(one), bits(full[i:i + 1])), i
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmts", [("mxfp8", "fp4_e4m3"), ("none", "mxfp4")])
+def test_sparse_attention_decodes_packed_caches_once(device, monkeypatch, fmts, dtype):
+    """Default mode, from DECODE_MIN_ROWS queries (12 here) reading each packed row DECODE_READS
+    times on average: the packed caches are decoded once into rows of q's dtype, and the output
+    has the bits of those rows given unpacked (the decode is exact). Fewer queries, fewer reads,
+    batch-invariant mode and copies past dequant.MAX_BYTES keep the packed rows."""
+    from shuili.platforms.nvidia import dequant
+
+    monkeypatch.setattr(attention, "SPARSE_SPLIT", SMALL_SPLIT)
+    monkeypatch.setattr(attention, "DECODE_MIN_ROWS", 12)
+    calls, decode = [], quant.dequantize_rows
+    monkeypatch.setattr(quant, "dequantize_rows", lambda *a: calls.append(a[1]) or decode(*a))
+    q, kv, idx, s = sparse_case(12, 4, 64, fmts, (40, 90), seed=4)  # 12 x 130 reads of 192 packed rows
+    got = sparse_run(device, q, kv, idx, s, fmts, dtype)
+    assert calls == [f for f in fmts if f != "none"]
+    rows = [c if f == "none" else REF["kv_dequantize"](c.reshape(96, -1), f, 64) for c, f in zip(kv, fmts)]
+    assert torch.equal(bits(got), bits(sparse_run(device, q, rows, idx, s, ["none"] * 2, dtype)))
+    want = REF["sparse_attention"](q, kv, idx, 64 ** -0.5, s, list(fmts))
+    assert rel(got, want) < TOL[dtype]
+    calls.clear()
+    packed = sparse_run(device, q, kv, idx, s, fmts, dtype, batch_invariant=True)
+    assert rel(packed, want) < TOL[dtype]
+    sparse_run(device, q[:11], kv, [i[:11] for i in idx], s, fmts, dtype)
+    monkeypatch.setattr(attention, "DECODE_READS", 100)
+    sparse_run(device, q, kv, idx, s, fmts, dtype)
+    monkeypatch.setattr(attention, "DECODE_READS", 1)
+    monkeypatch.setattr(dequant, "MAX_BYTES", 96 * 64 * 2 - 1)  # below each copy here, bf16 or float32
+    sparse_run(device, q, kv, idx, s, fmts, dtype)
+    assert calls == []
 
 
 @pytest.mark.parametrize("sinks", [False, True])
