@@ -68,7 +68,25 @@ def profile(model, driver, prompts, rows: int) -> list[dict]:
     for e in ev[:rows]:
         print(f"  {e.self_device_time_total / 1e3:9.2f} ms {e.count:5d}x  {e.key[:90]}", flush=True)
         out.append({"kernel": e.key, "ms": e.self_device_time_total / 1e3, "calls": e.count})
+    idle_gaps(p, rows // 2)
     return out
+
+
+def idle_gaps(p, rows: int) -> None:
+    """Where the GPU waits: each gap between one kernel's end and the next one's start, summed by
+    the kernel that ended it (the launch the host was late with)."""
+    from torch.autograd import DeviceType
+
+    ks = sorted((e.time_range.start, e.time_range.end, e.name) for e in p.events()
+                if e.device_type == DeviceType.CUDA)
+    late: dict[str, list[float]] = {}
+    for (_, end, _), (start, _, name) in zip(ks, ks[1:]):
+        if start > end:
+            late.setdefault(name, []).append(start - end)
+    idle = sum(sum(v) for v in late.values()) / 1e3
+    print(f"  idle: {idle:.2f} ms between {len(ks)} kernels; by the kernel after the gap:", flush=True)
+    for name, g in sorted(late.items(), key=lambda kv: -sum(kv[1]))[:rows]:
+        print(f"  {sum(g) / 1e3:9.2f} ms {len(g):5d}x  {name[:90]}", flush=True)
 
 
 def main():

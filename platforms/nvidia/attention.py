@@ -121,8 +121,8 @@ def _paged_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, qsl_ptr, sink_ptr, o_ptr
 
 
 @triton.jit
-def _combine_kernel(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, o_ptr, H, NS, s_ot, s_oh, D: tl.constexpr,
-                    BD: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, HAS_SINK: tl.constexpr):
+def _merge_kernel(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, o_ptr, H, NS, s_ot, s_oh, D: tl.constexpr,
+                  BD: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, HAS_SINK: tl.constexpr):
     """Grid (T, head blocks, D blocks). Folds partials 0 .. NS-1 in order. An empty partial (l = 0,
     m = NEG) adds exactly nothing: its acc is not read (it may be unwritten) and acc keeps its bits
     (even a -0.0), so trailing empty splits/chunks (index padding) never change a result. D blocks
@@ -165,7 +165,7 @@ def _combine(pm, pl, pacc, sinks, out):
     d = out.shape[-1]
     bh = min(pow2(h), 8)
     bd = min(pow2(d, 16), 128)  # D blocks: 4x the programs at D = 512 (decode grids are small)
-    _combine_kernel[(t, cdiv(h, bh), cdiv(d, bd))](
+    _merge_kernel[(t, cdiv(h, bh), cdiv(d, bd))](
         pm, pl, pacc, sinks if sinks is not None else pm, out, h, ns, out.stride(0), out.stride(1),
         D=d, BD=bd, BH=bh, BS=pow2(ns), HAS_SINK=sinks is not None)
     return out
