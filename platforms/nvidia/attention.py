@@ -5,8 +5,10 @@ combine kernel merges in split order. A split is a fixed span of absolute kv pos
 splits a query reads, and the order its blocks are folded in, depend only on the query itself:
 in batch-invariant mode the span is a constant (BI_SPLIT) and prefill and decode take the same path.
 The default mode sizes the span to fill the GPU for decode and skips the combine for prefill.
-Sparse attention's splits are fixed chunks of SPARSE_SPLIT index columns (always, so the op is batch
-invariant); an empty split (l = 0) adds exactly nothing in the combine, so index padding is free.
+Sparse attention's splits are fixed chunks of SPARSE_SPLIT index columns (so in batch-invariant mode
+the op is batch invariant); an empty split (l = 0) adds exactly nothing in the combine, so index
+padding is free. Default mode at prefill sizes skips the split and the combine (DIRECT_WAVES) and
+decodes packed caches once (DECODE_MIN_ROWS).
 
 A query tile is BT consecutive tokens of one sequence times the GP (padded) query heads of one kv
 head, so MQA/GQA heads share each K/V load. Rows that a tile holds for other tokens do not change a
@@ -267,22 +269,8 @@ def _sparse_tiles(d: int, h: int, packed: bool):
 
 
 @triton.jit
-def _sparse_chunk(q, qo, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.constexpr, BH: tl.constexpr,
-                  DP: tl.constexpr, D: tl.constexpr, BL: tl.constexpr, SPLIT: tl.constexpr,
-                  FMT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr, WORDS: tl.constexpr,
-                  NATIVE: tl.constexpr):
-    """Partial (m, l, acc, acc_o) of columns c*SPLIT .. c*SPLIT+SPLIT-1 of token t's index row (idx
-    rows are contiguous, L apart). The steps stop after the chunk's last valid (>= 0) column, so
-    trailing -1 columns (padding) cost nothing and a chunk of only -1 takes no step (m = NEG,
-    l = 0). Without TR, q is [BH, DP] and acc [BH, DP] (acc_o repeats it). With TR (the packed-row
-    tile), q and qo are the even and odd rows of q^T, [DP/2, BH] each, and acc, acc_o the even and
-    odd rows of acc^T: rows come in as even/odd halves (quant.split_rows), so k . q = k_e . q_e +
-    k_o . q_o, and p V splits by column with no change to any sum."""
-    irow = idx_ptr + t * L
-    c0 = c * SPLIT
-    col = tl.arange(0, SPLIT)
-    ids = tl.load(irow + c0 + col, mask=c0 + col < L, other=-1)
-    nblk = (tl.max(tl.where(ids >= 0, col, -1), axis=0) + BL) // BL
+def _sparse_state(BH: tl.constexpr, DP: tl.constexpr, TR: tl.constexpr):
+    """The empty softmax state (m, l, acc, acc_o): see _sparse_chunk for the shapes."""
     m = tl.full([BH], NEG, tl.float32)
     l = tl.zeros([BH], tl.float32)
     if TR:
@@ -290,6 +278,28 @@ def _sparse_chunk(q, qo, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.conste
         acc_o = tl.zeros([DP // 2, BH], tl.float32)
     else:
         acc = tl.zeros([BH, DP], tl.float32)
+        acc_o = acc
+    return m, l, acc, acc_o
+
+
+@triton.jit
+def _sparse_chunk(q, qo, m, l, acc, acc_o, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.constexpr,
+                  BH: tl.constexpr, DP: tl.constexpr, D: tl.constexpr, BL: tl.constexpr,
+                  SPLIT: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr,
+                  WORDS: tl.constexpr, NATIVE: tl.constexpr):
+    """The softmax state (m, l, acc, acc_o) carried on over columns c*SPLIT .. c*SPLIT+SPLIT-1 of
+    token t's index row (idx rows are contiguous, L apart). The steps stop after the chunk's last
+    valid (>= 0) column, so trailing -1 columns (padding) cost nothing and a chunk of only -1 takes
+    no step (the state keeps its bits). Without TR, q is [BH, DP] and acc [BH, DP] (acc_o repeats
+    it). With TR (the packed-row tile), q and qo are the even and odd rows of q^T, [DP/2, BH] each,
+    and acc, acc_o the even and odd rows of acc^T: rows come in as even/odd halves
+    (quant.split_rows), so k . q = k_e . q_e + k_o . q_o, and p V splits by column with no change
+    to any sum."""
+    irow = idx_ptr + t * L
+    c0 = c * SPLIT
+    col = tl.arange(0, SPLIT)
+    ids = tl.load(irow + c0 + col, mask=c0 + col < L, other=-1)
+    nblk = (tl.max(tl.where(ids >= 0, col, -1), axis=0) + BL) // BL
     for b in range(0, nblk):
         li = c0 + b * BL + tl.arange(0, BL)
         idx = tl.load(irow + li, mask=li < L, other=-1)
@@ -331,50 +341,90 @@ def _sparse_chunk(q, qo, kv_ptr, idx_ptr, t, c, L, scale, d, dok, ROW: tl.conste
 
 
 @triton.jit
-def _sparse_kernel(q_ptr, pm_ptr, pl_ptr, pacc_ptr, scale, H, NS, P0, s_qt, s_qh,
+def _sparse_cache(q, qo, m, l, acc, acc_o, kv_ptr, idx_ptr, t, L, scale, d, dok, ROW: tl.constexpr,
+                  BH: tl.constexpr, DP: tl.constexpr, D: tl.constexpr, BL: tl.constexpr,
+                  SPLIT: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr,
+                  WORDS: tl.constexpr, NATIVE: tl.constexpr):
+    """The state carried on over all of one cache's chunks, in order (the direct path)."""
+    for c in range(0, tl.cdiv(L, SPLIT)):
+        m, l, acc, acc_o = _sparse_chunk(q, qo, m, l, acc, acc_o, kv_ptr, idx_ptr, t, c, L, scale, d, dok,
+                                         ROW, BH, DP, D, BL, SPLIT, FMT, F32, TR, WORDS, NATIVE)
+    return m, l, acc, acc_o
+
+
+@triton.jit
+def _sparse_kernel(q_ptr, pm_ptr, pl_ptr, pacc_ptr, sink_ptr, o_ptr, scale, H, NS, P0, s_qt, s_qh, s_ot, s_oh,
                    kv0, ix0, L0, E0, kv1, ix1, L1, E1, kv2, ix2, L2,
                    NC: tl.constexpr, F0: tl.constexpr, F1: tl.constexpr, F2: tl.constexpr,
                    R0: tl.constexpr, R1: tl.constexpr, R2: tl.constexpr,
                    W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
                    D: tl.constexpr, DP: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr,
-                   SPLIT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr, NATIVE: tl.constexpr):
+                   SPLIT: tl.constexpr, F32: tl.constexpr, TR: tl.constexpr, NATIVE: tl.constexpr,
+                   DIRECT: tl.constexpr = False, HAS_SINK: tl.constexpr = False):
     """Grid (T, head blocks, chunks of this launch's NC caches); chunk z is cache 0's chunk z while
-    z < E0, then cache 1's chunk z - E0 while z < E1, then cache 2's; it writes partial P0 + z."""
+    z < E0, then cache 1's chunk z - E0 while z < E1, then cache 2's; it writes partial P0 + z.
+    DIRECT (grid (T, head blocks, 1)): one program carries the state over every chunk of the NC
+    caches in that order and writes the output itself (the sinks folded in as the combine does)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     z = tl.program_id(2)
     hok = h < H
     d = tl.arange(0, DP)
     dok = d < D
+    d2 = tl.arange(0, DP // 2)
     qrow = q_ptr + t * s_qt
     if TR:  # q^T's even and odd rows [DP/2, BH]
-        d2 = tl.arange(0, DP // 2)
         qok = hok[None, :] & (d2 < D // 2)[:, None]
         q = tl.load(qrow + h[None, :] * s_qh + 2 * d2[:, None], mask=qok, other=0.0)
         qo = tl.load(qrow + h[None, :] * s_qh + 2 * d2[:, None] + 1, mask=qok, other=0.0)
     else:
         q = tl.load(qrow + h[:, None] * s_qh + d[None, :], mask=hok[:, None] & dok[None, :], other=0.0)
         qo = q
+    m, l, acc, acc_o = _sparse_state(BH, DP, TR)
+    if DIRECT:
+        m, l, acc, acc_o = _sparse_cache(q, qo, m, l, acc, acc_o, kv0, ix0, t, L0, scale, d, dok, R0, BH, DP,
+                                         D, BL, SPLIT, F0, F32, TR, W0, NATIVE)
+        if NC >= 2:
+            m, l, acc, acc_o = _sparse_cache(q, qo, m, l, acc, acc_o, kv1, ix1, t, L1, scale, d, dok, R1, BH,
+                                             DP, D, BL, SPLIT, F1, F32, TR, W1, NATIVE)
+        if NC >= 3:
+            m, l, acc, acc_o = _sparse_cache(q, qo, m, l, acc, acc_o, kv2, ix2, t, L2, scale, d, dok, R2, BH,
+                                             DP, D, BL, SPLIT, F2, F32, TR, W2, NATIVE)
+        sink = 0.0
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + h, mask=hok, other=0.0)
+        orow = o_ptr + t * s_ot + h * s_oh
+        if TR:
+            at = orow[None, :] + 2 * d2[:, None]
+            aok = hok[None, :] & (d2 < D // 2)[:, None]
+            tl.store(at, tl.trans(_finish(tl.trans(acc), m, l, sink, HAS_SINK)).to(o_ptr.dtype.element_ty),
+                     mask=aok)
+            tl.store(at + 1, tl.trans(_finish(tl.trans(acc_o), m, l, sink, HAS_SINK)).to(o_ptr.dtype.element_ty),
+                     mask=aok)
+        else:
+            tl.store(orow[:, None] + d[None, :], _finish(acc, m, l, sink, HAS_SINK).to(o_ptr.dtype.element_ty),
+                     mask=hok[:, None] & dok[None, :])
+        return
     if NC == 1:
-        m, l, acc, acc_o = _sparse_chunk(q, qo, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D, BL,
-                                         SPLIT, F0, F32, TR, W0, NATIVE)
+        m, l, acc, acc_o = _sparse_chunk(q, qo, m, l, acc, acc_o, kv0, ix0, t, z, L0, scale, d, dok, R0, BH,
+                                         DP, D, BL, SPLIT, F0, F32, TR, W0, NATIVE)
     elif NC == 2:
         if z < E0:
-            m, l, acc, acc_o = _sparse_chunk(q, qo, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D,
-                                             BL, SPLIT, F0, F32, TR, W0, NATIVE)
+            m, l, acc, acc_o = _sparse_chunk(q, qo, m, l, acc, acc_o, kv0, ix0, t, z, L0, scale, d, dok, R0,
+                                             BH, DP, D, BL, SPLIT, F0, F32, TR, W0, NATIVE)
         else:
-            m, l, acc, acc_o = _sparse_chunk(q, qo, kv1, ix1, t, z - E0, L1, scale, d, dok, R1, BH, DP,
-                                             D, BL, SPLIT, F1, F32, TR, W1, NATIVE)
+            m, l, acc, acc_o = _sparse_chunk(q, qo, m, l, acc, acc_o, kv1, ix1, t, z - E0, L1, scale, d, dok,
+                                             R1, BH, DP, D, BL, SPLIT, F1, F32, TR, W1, NATIVE)
     else:
         if z < E0:
-            m, l, acc, acc_o = _sparse_chunk(q, qo, kv0, ix0, t, z, L0, scale, d, dok, R0, BH, DP, D,
-                                             BL, SPLIT, F0, F32, TR, W0, NATIVE)
+            m, l, acc, acc_o = _sparse_chunk(q, qo, m, l, acc, acc_o, kv0, ix0, t, z, L0, scale, d, dok, R0,
+                                             BH, DP, D, BL, SPLIT, F0, F32, TR, W0, NATIVE)
         elif z < E1:
-            m, l, acc, acc_o = _sparse_chunk(q, qo, kv1, ix1, t, z - E0, L1, scale, d, dok, R1, BH, DP,
-                                             D, BL, SPLIT, F1, F32, TR, W1, NATIVE)
+            m, l, acc, acc_o = _sparse_chunk(q, qo, m, l, acc, acc_o, kv1, ix1, t, z - E0, L1, scale, d, dok,
+                                             R1, BH, DP, D, BL, SPLIT, F1, F32, TR, W1, NATIVE)
         else:
-            m, l, acc, acc_o = _sparse_chunk(q, qo, kv2, ix2, t, z - E1, L2, scale, d, dok, R2, BH, DP,
-                                             D, BL, SPLIT, F2, F32, TR, W2, NATIVE)
+            m, l, acc, acc_o = _sparse_chunk(q, qo, m, l, acc, acc_o, kv2, ix2, t, z - E1, L2, scale, d, dok,
+                                             R2, BH, DP, D, BL, SPLIT, F2, F32, TR, W2, NATIVE)
     row = (t * H + h) * NS + P0 + z
     tl.store(pm_ptr + row, m, mask=hok)
     tl.store(pl_ptr + row, l, mask=hok)
@@ -416,6 +466,19 @@ def _decode_once(q, kv, indices, fmts):
     return kv, fmts
 
 
+# Default mode with enough (token, head block) programs to fill the GPU DIRECT_WAVES times over (a
+# prefill) runs one program per pair over all its chunks, writing the output itself: the split
+# path's partials, [T, H, chunks, D] float32, are written and read back by the combine (at a 4k
+# prefill of mid-v4, 5 chunks a CSA token: 1.3 GB a layer). Host-known shapes only; the fold's
+# rounding differs from the combine's, so a token's bits depend on T here (run_to_run)
+DIRECT_WAVES = 4
+
+
+def _direct(t: int, head_blocks: int, caches: int, device, batch_invariant: bool) -> bool:
+    return (not batch_invariant and caches <= _SPARSE_CACHES
+            and t * head_blocks >= DIRECT_WAVES * num_sms(str(device)))
+
+
 def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None, *, batch_invariant: bool = False):
     t, h, d = q.shape
     kv = list(kv)
@@ -443,13 +506,15 @@ def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None, *, batc
         rows = cache.reshape(-1, row).contiguous()
         caches.append((rows, idx, idx.shape[1], cdiv(idx.shape[1], split), FORMAT_ID[fmt], row,
                        quant.word_loads(row, rows)))
-    ns = sum(c[3] for c in caches)
-    pm, pl, pacc = _partials(t, h, ns, d, q.device)
     q = q.contiguous()
+    sk = sinks.float().contiguous() if sinks is not None else None
+    direct = _direct(t, cdiv(h, bh), len(caches), q.device, batch_invariant)
+    ns = 1 if direct else sum(c[3] for c in caches)
+    pm, pl, pacc = (out, out, out) if direct else _partials(t, h, ns, d, q.device)
     p0 = 0
     for g0 in range(0, len(caches), _SPARSE_CACHES):
         grp = caches[g0:g0 + _SPARSE_CACHES]
-        nz = sum(c[3] for c in grp)
+        nz = 1 if direct else sum(c[3] for c in grp)
         if nz == 0:
             continue
         pad = grp + [grp[0]] * (_SPARSE_CACHES - len(grp))  # unused slots (never reached)
@@ -459,10 +524,11 @@ def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None, *, batc
             end += nch if i < len(grp) else 0
             args += [rows, idx, ln] + ([end] if i < _SPARSE_CACHES - 1 else [])
         _sparse_kernel[(t, cdiv(h, bh), nz)](
-            q, pm, pl, pacc, float(scale), h, ns, p0, q.stride(0), q.stride(1), *args,
+            q, pm, pl, pacc, sk if sk is not None else q, out, float(scale), h, ns, p0, q.stride(0),
+            q.stride(1), out.stride(0), out.stride(1), *args,
             NC=len(grp), F0=pad[0][4], F1=pad[1][4], F2=pad[2][4], R0=pad[0][5], R1=pad[1][5],
             R2=pad[2][5], W0=pad[0][6], W1=pad[1][6], W2=pad[2][6], D=d, DP=pow2(d, 16), BH=bh, BL=bl,
-            SPLIT=split, F32=q.dtype == torch.float32, TR=tr, NATIVE=not interpreting(), num_warps=warps,
-            num_stages=stages)
+            SPLIT=split, F32=q.dtype == torch.float32, TR=tr, NATIVE=not interpreting(), DIRECT=direct,
+            HAS_SINK=sk is not None, num_warps=warps, num_stages=stages)
         p0 += nz
-    return _combine(pm, pl, pacc, sinks.float().contiguous() if sinks is not None else None, out)
+    return out if direct else _combine(pm, pl, pacc, sk, out)

@@ -75,9 +75,10 @@ _CAPS = {
                         "default: KV split sized to fill the GPU for decode; batch-invariant "
                         "mode: fixed 1024-position splits for prefill and decode alike"),
     "sparse_attention": (_ACT, _KV_READ, L.run_to_run, L.batch_invariant,
-                         "one program per (token, head block); caches merged in order; default "
-                         "mode from 256 queries reading each packed row 4 times on average: the "
-                         "packed caches decoded once, whole"),
+                         "one program per (token, head block, chunk); chunks merged in order; "
+                         "default mode from 4 waves of (token, head block) programs: one program "
+                         "over all chunks, no merge; from 256 queries reading each packed row 4 "
+                         "times on average: the packed caches decoded once, whole"),
     "indexer_topk": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),
                      L.batch_invariant, L.batch_invariant, "per-token scores, exact top-k"),
     "indexer_select": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),

@@ -449,6 +449,31 @@ def test_sparse_attention_batch_invariant(device, monkeypatch, fmts, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmts", [("none", "none"), ("mxfp8", "fp4_e4m3"), ("none", "mxfp8", "none")])
+def test_sparse_attention_direct(device, monkeypatch, fmts, dtype):
+    """Default mode from DIRECT_WAVES x num_sms (token, head block) programs: one program folds all
+    of a token's chunks and writes the output, with no partials and no combine. It agrees with the
+    reference (sinks and none), trailing -1 columns still leave every bit unchanged, and fewer
+    tokens or batch-invariant mode keep the split path and its combine."""
+    monkeypatch.setattr(attention, "SPARSE_SPLIT", SMALL_SPLIT)
+    monkeypatch.setattr(attention, "DIRECT_WAVES", 1)
+    combines, combine = [], attention._combine
+    monkeypatch.setattr(attention, "_combine", lambda *a: combines.append(1) or combine(*a))
+    many = attention.num_sms(device)  # one head block here: this many tokens take the direct path
+    q, kv, idx, s = sparse_case(many + 3, 4, 64, fmts, (40, 90, 33)[:len(fmts)], seed=5)
+    pad = [torch.cat([i, torch.full((i.shape[0], 45), -1, dtype=torch.int32)], 1) for i in idx]
+    for sinks in (s, None):
+        got = sparse_run(device, q, kv, idx, sinks, fmts, dtype)
+        want = REF["sparse_attention"](q, kv, idx, 64 ** -0.5, sinks, list(fmts))
+        assert rel(got, want) < TOL[dtype]
+        assert torch.equal(bits(sparse_run(device, q, kv, pad, sinks, fmts, dtype)), bits(got))
+    assert combines == []
+    sparse_run(device, q, kv, idx, s, fmts, dtype, batch_invariant=True)
+    sparse_run(device, q[:many - 1], kv, [i[:many - 1] for i in idx], s, fmts, dtype)
+    assert combines == [1, 1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmts", [("mxfp8", "fp4_e4m3"), ("none", "mxfp4")])
 def test_sparse_attention_decodes_packed_caches_once(device, monkeypatch, fmts, dtype):
     """Default mode, from DECODE_MIN_ROWS queries (12 here) reading each packed row DECODE_READS
