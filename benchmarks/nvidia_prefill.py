@@ -89,6 +89,11 @@ def idle_gaps(p, rows: int) -> None:
         print(f"  {sum(g) / 1e3:9.2f} ms {len(g):5d}x  {name[:90]}", flush=True)
 
 
+def free_cache(a) -> None:
+    if a.device == "cuda":
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--formats", default="bf16,released")
@@ -108,28 +113,35 @@ def main():
     print(f"bf16 8192^3 matmul: {rate / 1e12:.0f} TFLOP/s", flush=True)
     g = torch.Generator().manual_seed(0)
     results = []
-    for fmt in a.formats.split(","):
-        for bi in ([False, True] if a.bi else [False]):
-            cfg, params, model = build(a, fmt, bi)
-            prompts = [torch.randint(0, cfg.vocab_size, (a.len,), generator=g).tolist()
-                       for _ in range(a.batch)]
-            flops = prefill_flops_per_token(cfg, params, a.len) * a.len * a.batch
+    runs = [(fmt, bi) for fmt in a.formats.split(",") for bi in ([False, True] if a.bi else [False])]
+    for fmt, bi in runs:
+        cfg, params, model = build(a, fmt, bi)
+        prompts = [torch.randint(0, cfg.vocab_size, (a.len,), generator=g).tolist() for _ in range(a.batch)]
+        flops = prefill_flops_per_token(cfg, params, a.len) * a.len * a.batch
+        driver = model.driver(max_seqs=a.batch, max_len=a.len)
+        ts = step_times(model, driver, prompts, a.iters)
+        t = statistics.median(ts)
+        tag = f"{fmt}{' [BI]' if bi else ''}"
+        print(f"prefill {tag:<14} B{a.batch} x {a.len}: {t * 1e3:8.2f} ms  "
+              f"{a.batch * a.len / t:9.0f} tok/s  "
+              f"{flops / t / 1e12:6.1f} TFLOP/s = {100 * flops / t / rate:5.1f}% of the bf16 roofline "
+              f"({flops / 1e12:.2f} TFLOP)", flush=True)
+        results.append({"format": fmt, "bi": bi, "batch": a.batch, "len": a.len, "s": t, "all_s": ts,
+                        "flop": flops, "roofline_share": flops / t / rate, "prompts": prompts})
+        del model, driver, params
+        free_cache(a)
+    # profiles only once every run is timed: on an H100 (2026-12-07) a bf16 forward timed in the
+    # process after a profile took 81.5 ms against 67.3 without one (the host's launches slowed)
+    for r in results:
+        prompts = r.pop("prompts")
+        if a.profile and a.device == "cuda":
+            print(f"profile of {r['format']}{' [BI]' if r['bi'] else ''}:", flush=True)
+            _, params, model = build(a, r["format"], r["bi"])
             driver = model.driver(max_seqs=a.batch, max_len=a.len)
-            ts = step_times(model, driver, prompts, a.iters)
-            t = statistics.median(ts)
-            tag = f"{fmt}{' [BI]' if bi else ''}"
-            print(f"prefill {tag:<14} B{a.batch} x {a.len}: {t * 1e3:8.2f} ms  "
-                  f"{a.batch * a.len / t:9.0f} tok/s  "
-                  f"{flops / t / 1e12:6.1f} TFLOP/s = {100 * flops / t / rate:5.1f}% of the bf16 roofline "
-                  f"({flops / 1e12:.2f} TFLOP)", flush=True)
-            r = {"format": fmt, "bi": bi, "batch": a.batch, "len": a.len, "s": t, "all_s": ts, "flop": flops,
-                 "roofline_share": flops / t / rate}
-            if a.profile and a.device == "cuda":
-                r["profile"] = profile(model, driver, prompts, a.profile_rows)
-            results.append(r)
+            step_times(model, driver, prompts, 0)  # compile and autotune
+            r["profile"] = profile(model, driver, prompts, a.profile_rows)
             del model, driver, params
-            if a.device == "cuda":
-                torch.cuda.empty_cache()
+            free_cache(a)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"matmul_flop_s": rate, "runs": results}, f, indent=1)
