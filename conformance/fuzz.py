@@ -21,6 +21,11 @@ from shuili.hal.ops import OP_NAMES
 from shuili.hal.types import Weight
 
 BOUNDARY_SIZES = (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+# ops that platforms switch to their prefill paths by size get one more case of this many units:
+# the nvidia default mode goes to cuBLAS, the dense copies and tensor-core hc_mix from 256 rows, and
+# to sparse attention's direct and decode-once paths from 528 (4 x 132 SMs) and 256 queries
+LARGE_UNITS = {"linear": 300, "block_diagonal_linear": 300, "moe_experts": 600, "hc_mix": 300,
+               "sparse_attention": 600}
 
 Select = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
@@ -43,9 +48,10 @@ class Case:
 class Rng:
     """All randomness of one case, from one seed (torch.Generator: same stream on every host)."""
 
-    def __init__(self, seed: int, min_size: int = 1):
+    def __init__(self, seed: int, min_size: int = 1, large: int = 0):
         self.g = torch.Generator().manual_seed(seed)
         self.min_size = min_size
+        self.large = large  # > 0: size() gives this many units (LARGE_UNITS), past the boundary sizes
 
     def int(self, lo: int, hi: int) -> int:  # inclusive
         return int(torch.randint(lo, hi + 1, (1,), generator=self.g))
@@ -69,6 +75,8 @@ class Rng:
         return torch.randperm(n, generator=self.g)
 
     def size(self, max_size: int = 129) -> int:
+        if self.large:
+            return self.large
         return self.choice([s for s in BOUNDARY_SIZES if min(self.min_size, max_size) <= s <= max_size])
 
 
@@ -670,12 +678,15 @@ assert set(GENERATORS) == set(OP_NAMES), sorted(set(OP_NAMES) ^ set(GENERATORS))
 
 
 def generate(op: str, seed: int, fmt: str | None = None, formats: tuple[str, ...] = (),
-             reference=None, min_units: int = 1) -> Case:
-    """One fuzzed case of `op`. `reference` (a DispatchTable) packs valid quantized KV rows."""
+             reference=None, min_units: int = 1, large: bool = False) -> Case:
+    """One fuzzed case of `op`. `reference` (a DispatchTable) packs valid quantized KV rows. large:
+    LARGE_UNITS[op] units (an op not listed there has no large case)."""
+    if large and op not in LARGE_UNITS:
+        raise ValueError(f"op {op!r} has no large case; those that do: {sorted(LARGE_UNITS)}")
     if op not in GENERATORS:
         raise ValueError(f"no input generator for op {op!r}; the contract has {list(OP_NAMES)}")
     kw: dict[str, Any] = {"formats": formats, "reference": reference}
     if fmt is not None:
         kw["fmt"] = fmt
-    case = GENERATORS[op](Rng(seed, min_units), **kw)
-    return replace(case, seed=seed)
+    case = GENERATORS[op](Rng(seed, min_units, LARGE_UNITS[op] if large else 0), **kw)
+    return replace(case, seed=seed, params={**case.params, **({"large": True} if large else {})})

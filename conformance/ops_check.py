@@ -160,15 +160,18 @@ def check_op(platform: ResolvedPlatform, reference: ResolvedPlatform, op: str, s
     bi = _Tally(f"op.{op}.batch_invariance", lvl.name if lvl >= L.batch_invariant else None)
     kv_formats = _kv_formats(platform, op)
     device = platform.device
-    index = 0
+    index = big = 0
     for dtype_name in plan.dtypes:
         dtype = getattr(torch, dtype_name)
         for fmt in plan.formats:
-            for _ in range(cases):
-                s = case_seed(seed, op, index)
-                index += 1
+            # the boundary sizes, then one case at the size where platforms take their prefill paths
+            # (fuzz.LARGE_UNITS), seeded apart so the others keep their seeds
+            large_ones = [True] if op in fuzz.LARGE_UNITS and cases > 0 else []
+            for large in [False] * cases + large_ones:
+                s = case_seed(seed, f"{op}/large", big) if large else case_seed(seed, op, index)
+                big, index = (big + 1, index) if large else (big, index + 1)
                 try:
-                    case = fuzz.generate(op, s, fmt, kv_formats, reference.ops, min_units)
+                    case = fuzz.generate(op, s, fmt, kv_formats, reference.ops, min_units, large)
                     # the reference sees exactly the values the platform sees (rounded to dtype)
                     ref_in = place(case.kwargs, case.act, "cpu", dtype)
                     expected = call(ref_fn, op, _to_f32(ref_in, case.act), case.act, "cpu", torch.float32)
