@@ -453,14 +453,16 @@ def test_sparse_attention_batch_invariant(device, monkeypatch, fmts, dtype):
 def test_sparse_attention_direct(device, monkeypatch, fmts, dtype):
     """Default mode from DIRECT_WAVES x num_sms (token, head block) programs: one program folds all
     of a token's chunks and writes the output, with no partials and no combine. It agrees with the
-    reference (sinks and none), trailing -1 columns still leave every bit unchanged, and fewer
-    tokens or batch-invariant mode keep the split path and its combine."""
+    reference (sinks and none; a token with no entries too), trailing -1 columns still leave every
+    bit unchanged, and fewer tokens or batch-invariant mode keep the split path and its combine."""
     monkeypatch.setattr(attention, "SPARSE_SPLIT", SMALL_SPLIT)
     monkeypatch.setattr(attention, "DIRECT_WAVES", 1)
     combines, combine = [], attention._combine
     monkeypatch.setattr(attention, "_combine", lambda *a: combines.append(1) or combine(*a))
     many = attention.num_sms(device)  # one head block here: this many tokens take the direct path
     q, kv, idx, s = sparse_case(many + 3, 4, 64, fmts, (40, 90, 33)[:len(fmts)], seed=5)
+    for i in idx:
+        i[1] = -1  # a token with no entry: zeros, or the sink alone
     pad = [torch.cat([i, torch.full((i.shape[0], 45), -1, dtype=torch.int32)], 1) for i in idx]
     for sinks in (s, None):
         got = sparse_run(device, q, kv, idx, sinks, fmts, dtype)
