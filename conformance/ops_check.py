@@ -168,8 +168,10 @@ def check_op(platform: ResolvedPlatform, reference: ResolvedPlatform, op: str, s
             # (fuzz.LARGE_UNITS), seeded apart so the others keep their seeds
             large_ones = [True] if op in fuzz.LARGE_UNITS and cases > 0 else []
             for large in [False] * cases + large_ones:
-                s = case_seed(seed, f"{op}/large", big) if large else case_seed(seed, op, index)
-                big, index = (big + 1, index) if large else (big, index + 1)
+                if large:
+                    s, big = case_seed(seed, f"{op}/large", big), big + 1
+                else:
+                    s, index = case_seed(seed, op, index), index + 1
                 try:
                     case = fuzz.generate(op, s, fmt, kv_formats, reference.ops, min_units, large)
                     # the reference sees exactly the values the platform sees (rounded to dtype)
