@@ -49,6 +49,17 @@ def _tile(M, N, K, KC, NP: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
+def _operands(x_ptr, w_ptr, rows, rok, cols, cok, k0, k_hi, s_xm, s_wn, BK: tl.constexpr):
+    """The K step's x tile [BM, BK] (x's dtype) and w tile [NP, BK], zero past the masks and k_hi."""
+    kk = k0 + tl.arange(0, BK)
+    kok = kk < k_hi
+    a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :], mask=rok[:, None] & kok[None, :],
+                other=0.0)
+    w = tl.load(w_ptr + cols[:, None] * s_wn + kk[None, :], mask=cok[:, None] & kok[None, :], other=0.0)
+    return a, w
+
+
+@triton.jit
 def _store(p_ptr, acc, ss, rows, rok, cols, cok, N, s_pm, s_ps, SUMSQ: tl.constexpr):
     """The program's partial [BM, N] into p[chunk, rows], and (SUMSQ) its sums of squares into column N."""
     part = p_ptr + tl.program_id(1).to(tl.int64) * s_ps + rows.to(tl.int64) * s_pm
@@ -66,11 +77,8 @@ def _partials_kernel(x_ptr, w_ptr, p_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, S
     acc = tl.zeros([BM, NP], tl.float32)
     ss = tl.zeros([BM], tl.float32)
     for k0 in range(k_lo, k_hi, BK):
-        kk = k0 + tl.arange(0, BK)
-        kok = kk < k_hi
-        a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :], mask=rok[:, None] & kok[None, :],
-                    other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols[:, None] * s_wn + kk[None, :], mask=cok[:, None] & kok[None, :], other=0.0)
+        a, w = _operands(x_ptr, w_ptr, rows, rok, cols, cok, k0, k_hi, s_xm, s_wn, BK)
+        a = a.to(tl.float32)
         acc = tl.dot(a, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
         if SUMSQ:
             ss += tl.sum(a * a, axis=1)
@@ -96,11 +104,7 @@ def _split3_kernel(x_ptr, w_ptr, p_ptr, M, N, K, KC, s_xm, s_wn, s_pm, s_ps, SUM
     acc_lo = tl.zeros([BM, NP], tl.float32)
     ss = tl.zeros([BM], tl.float32)
     for k0 in range(k_lo, k_hi, BK):
-        kk = k0 + tl.arange(0, BK)
-        kok = kk < k_hi
-        a = tl.load(x_ptr + rows[:, None].to(tl.int64) * s_xm + kk[None, :], mask=rok[:, None] & kok[None, :],
-                    other=0.0)
-        w = tl.load(w_ptr + cols[:, None] * s_wn + kk[None, :], mask=cok[:, None] & kok[None, :], other=0.0)
+        a, w = _operands(x_ptr, w_ptr, rows, rok, cols, cok, k0, k_hi, s_xm, s_wn, BK)
         hi = w.to(tl.bfloat16)
         r = w - hi.to(tl.float32)
         mid = r.to(tl.bfloat16)
