@@ -1,6 +1,6 @@
 """mid-v4 prefill on the NVIDIA platform: one forward over B fresh prompts of L tokens (the engine's
-prefill step without the scheduler), eager as the engine runs prefill, against the bf16 compute
-roofline; and the profile that says where the step's time goes.
+prefill step without the scheduler: eager, and with the ops' device range checks left out as in the
+engine's steps), against the bf16 compute roofline; and the profile that says where the step's time goes.
 
 Weights are random and drawn on the GPU (timing only), bf16 or the released formats, as in
 nvidia_decode_ctx.py. FLOPs per prompt token are counted from the weights and the config by
@@ -9,10 +9,12 @@ attention and indexer work over the entries each query reads); the ceiling is a 
 torch.matmul timed in the same call.
 
     python benchmarks/nvidia_prefill.py --formats bf16,released --batch 2 --len 4096 [--profile] [--bi]
+        [--device-checks]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +29,9 @@ from nvidia_e2e import matmul_rate, prefill_flops_per_token  # noqa: E402
 from shuili.core.models.deepseek_v4 import DeepseekV4Model
 from shuili.core.models.deepseek_v4_config import named
 from shuili.hal import PlatformConfig, resolve_platform
+from shuili.hal.checks import inputs_checked
+
+GUARD = inputs_checked  # as in the engine's steps (hal/checks.py); --device-checks: contextlib.nullcontext
 
 
 def build(a, fmt: str, bi: bool):
@@ -44,7 +49,7 @@ def step_times(model, driver, prompts, iters: int) -> list[float]:
         b = driver.batch([(s, p, 0) for s, p in enumerate(prompts)])
         ctxb.sync()
         t = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), GUARD():
             model.forward(b)
         ctxb.sync()
         if i >= 2:  # the first two compile and autotune
@@ -57,7 +62,7 @@ def profile(model, driver, prompts, rows: int) -> list[dict]:
     from torch.profiler import profile as prof
 
     b = driver.batch([(s, p, 0) for s, p in enumerate(prompts)])
-    with prof(activities=[ProfilerActivity.CUDA]) as p, torch.no_grad():
+    with prof(activities=[ProfilerActivity.CUDA]) as p, torch.no_grad(), GUARD():
         model.forward(b)
         torch.cuda.synchronize()
     ev = sorted((e for e in p.key_averages() if e.self_device_time_total > 0),
@@ -104,11 +109,15 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-rows", type=int, default=25)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--device-checks", action="store_true",
+                    help="keep the ops' device range checks, which the engine's steps leave out")
     ap.add_argument("--model", default="mid-v4")
     ap.add_argument("--platform", default="nvidia")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     ctxb.DEV = a.device
+    global GUARD
+    GUARD = contextlib.nullcontext if a.device_checks else inputs_checked
     rate = matmul_rate(a.device)
     print(f"bf16 8192^3 matmul: {rate / 1e12:.0f} TFLOP/s", flush=True)
     g = torch.Generator().manual_seed(0)
@@ -126,7 +135,8 @@ def main():
               f"{a.batch * a.len / t:9.0f} tok/s  "
               f"{flops / t / 1e12:6.1f} TFLOP/s = {100 * flops / t / rate:5.1f}% of the bf16 roofline "
               f"({flops / 1e12:.2f} TFLOP)", flush=True)
-        results.append({"format": fmt, "bi": bi, "batch": a.batch, "len": a.len, "s": t, "all_s": ts,
+        results.append({"format": fmt, "bi": bi, "device_checks": a.device_checks, "batch": a.batch,
+                        "len": a.len, "s": t, "all_s": ts,
                         "flop": flops, "roofline_share": flops / t / rate, "prompts": prompts})
         del model, driver, params
         free_cache(a)

@@ -17,6 +17,7 @@ from shuili.core.models.engram_hash import engram_history
 from shuili.core.request import Request, stop_ids
 from shuili.core.sampler import Penalties, Sampler, SamplingBatch
 from shuili.core.scheduler import SampleRow, SchedulerOutput, StepOutput
+from shuili.hal.checks import inputs_checked
 from shuili.hal.transfer import HostTransfer, Pending, Transfer
 
 
@@ -250,6 +251,12 @@ class ModelRunner:
                 fn(req.tokens(c.end, end), engram_history(req.tokens, c.end, end, self.engram_lookback))
 
     def execute(self, out: SchedulerOutput, prev: StepResult | None = None) -> StepResult:
+        # build_batch range-checks the step's ids and tables on the host, so the ops need not
+        # check them again on the device (hal/checks.py)
+        with inputs_checked():
+            return self._execute(out, prev)
+
+    def _execute(self, out: SchedulerOutput, prev: StepResult | None) -> StepResult:
         step = self.build_batch(out, prev)
         batch, sample_rows, prompt_rows = step.batch, step.sample_rows, step.prompt_rows
         if step.holes:

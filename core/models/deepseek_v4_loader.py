@@ -276,8 +276,8 @@ def load_params(path: str, cfg: V4Config, device: str = "cpu", dtype: str = "flo
 
 
 def _expert_ids(rd, name: str, shape, cfg: V4Config) -> torch.Tensor:
-    """tid2eid, checked once here: hash routing indexes the experts with it every step, and a
-    captured decode graph does not check the ids it gives (platforms/nvidia/common.check)."""
+    """tid2eid, checked once here: hash routing indexes the experts with it every step, and neither a
+    captured decode graph nor an engine step checks the ids it gives (platforms/nvidia/common.check)."""
     t = rd.get(name, shape, (torch.int64, torch.int32))
     if t.numel() and (int(t.min()) < 0 or int(t.max()) >= cfg.n_routed_experts):
         raise CheckpointError(f"tensor {name!r} has expert ids outside [0, {cfg.n_routed_experts})")

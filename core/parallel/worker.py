@@ -16,6 +16,8 @@ import sys
 
 import torch
 
+from shuili.hal.checks import inputs_checked
+
 log = logging.getLogger("shuili.parallel")
 
 
@@ -24,7 +26,8 @@ def run_step(runner, lead: bool, payload):
     (tokens, logprobs, bad, prompt_logprobs, top) on a TP group's first rank, else None."""
     arrays, flags, n, top_k = payload
     step = runner.device_step(arrays, flags, n)
-    logits = runner.model.forward(step.batch)  # every rank runs it: the collectives need all
+    with inputs_checked():  # rank 0 checked the ids on the host, this rank its slots and tables
+        logits = runner.model.forward(step.batch)  # every rank runs it: the collectives need all
     if not lead:
         return None
     tokens, logprobs, bad, prompt_lp, top = [], [], [], [], None

@@ -7,6 +7,8 @@ from typing import Callable
 
 import torch
 
+from shuili.hal.checks import inputs_are_checked
+
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -33,18 +35,19 @@ def capturing() -> bool:
 
 def check(x: torch.Tensor, ok: Callable[[torch.Tensor], torch.Tensor], msg: str) -> None:
     """Fail unless ok(x) holds everywhere: a ValueError for a CPU tensor, an async assert on the
-    GPU (a host read would sync). While a CUDA graph is captured the check is left out, and ok is
-    never called, so it records no kernels: a recorded check replays its 3-4 tiny launches every
-    step (about 400 us of a batch-64 mid-v4 decode step, docs/performance.md), and what a captured
-    step's checks guard is guarded before it runs: the engine checks the token ids and block
-    tables it builds on the host (core/runner.py), router ids and group sizes are in range by
-    construction, and tid2eid is checked when the weights load. Eager calls, which may get any
-    caller's tensors, keep the check."""
+    GPU (a host read would sync). A GPU check is left out, and ok never called, while a CUDA graph
+    is captured or while the caller vouches for its inputs (`hal.checks.inputs_checked`: the
+    engine's steps). A recorded check would replay its 3-5 tiny launches every step (about 400 us
+    of a batch-64 mid-v4 decode step, docs/performance.md), and an eager prefill spends a fifth of
+    its launches on them; what they guard is guarded before the step runs: the engine checks the
+    token ids and block tables it builds on the host (core/runner.py), router ids and group sizes
+    are in range by construction, and tid2eid is checked when the weights load. Any other caller
+    keeps the check."""
     if x.device.type == "cpu":
         if not bool(ok(x).all()):
             raise ValueError(msg)
         return
-    if capturing():
+    if capturing() or inputs_are_checked():
         return
     torch._assert_async(ok(x).all(), msg)
 

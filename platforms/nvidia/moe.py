@@ -130,7 +130,8 @@ def moe_route_hash(logits, token_ids, tid2eid, scoring, renormalize, scaling):
     tok = token_ids.to(torch.int64)
     e = logits.shape[1]
     check(tok, in_range(0, tid2eid.shape[0]), f"token ids must lie in [0, {tid2eid.shape[0]})")
-    # the rows are gathered inside the check, so a captured step (which skips it) does not gather them
+    # the rows are gathered inside the check, so a step that skips it (captured, or the engine's) does not
+    # gather them
     check(tok, lambda t: in_range(0, e)(tid2eid[t]), f"tid2eid holds expert ids outside [0, {e})")
     if _fused(logits, tid2eid.shape[1], scoring):
         return _route(logits, None, tok, tid2eid, tid2eid.shape[1], scoring, renormalize, scaling)

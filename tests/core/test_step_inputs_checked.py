@@ -6,6 +6,7 @@ import pytest
 from core_helpers import make_llm
 
 from shuili import SamplingParams
+from shuili.hal.checks import inputs_are_checked
 
 
 @pytest.fixture
@@ -44,3 +45,21 @@ def test_tokenizer_ids_outside_the_vocabulary_are_refused(engine, monkeypatch):
     monkeypatch.setattr(engine.tokenizer, "encode", lambda text: [1, 300])
     with pytest.raises(ValueError, match=r"tokenizer produced ids \[300\] outside the model's vocabulary"):
         engine.add_request("hi")
+
+
+def test_the_model_runs_with_checked_inputs_only_inside_a_step(engine, monkeypatch):
+    """The ops may leave their device checks out during a step's forward (hal/checks.py), since
+    the runner checked the ids above; a forward called outside a step keeps them."""
+    seen = []
+    forward = engine.model.forward
+
+    def spy(*a, **k):
+        seen.append(inputs_are_checked())
+        return forward(*a, **k)
+
+    monkeypatch.setattr(engine.model, "forward", spy)
+    engine.add_request([5, 6, 7], SamplingParams(max_tokens=2))
+    while engine.has_unfinished():
+        engine.step()
+    assert seen and all(seen)
+    assert not inputs_are_checked()

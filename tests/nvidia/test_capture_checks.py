@@ -1,4 +1,5 @@
-"""Input checks of the NVIDIA ops record nothing into a captured graph and stay in eager mode.
+"""Input checks of the NVIDIA ops record nothing into a captured graph, launch nothing inside the
+engine's steps (whose inputs are checked on the host) and stay in other eager calls.
 
 A GPU is not needed: a meta tensor takes the device path of `common.check` (it is not a CPU
 tensor), and a dispatch log shows every op the check issues."""
@@ -6,6 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from shuili.hal.checks import inputs_checked
 from shuili.platforms.nvidia import common, misc
 
 
@@ -40,4 +42,21 @@ def test_eager_check_keeps_the_device_assert(monkeypatch):
 def test_cpu_tensors_still_raise_while_capturing(monkeypatch):
     monkeypatch.setattr(common, "capturing", lambda: True)
     with pytest.raises(ValueError, match=r"embedding ids must lie in \[0, 9\)"):
+        misc.embedding(torch.tensor([9]), torch.zeros(9, 4))
+
+
+def test_checked_inputs_launch_no_check(monkeypatch):
+    monkeypatch.setattr(common, "capturing", lambda: False)
+    ids = torch.zeros(4, dtype=torch.int64, device="meta")
+    table = torch.empty(9, 16, device="meta")
+    with inputs_checked(), OpLog() as inside:
+        misc.embedding(ids, table)
+    with OpLog() as after:
+        misc.embedding(ids, table)
+    assert inside.ops == ["aten.embedding.default"]
+    assert "aten._assert_async.msg" in after.ops
+
+
+def test_cpu_tensors_still_raise_when_inputs_are_checked():
+    with inputs_checked(), pytest.raises(ValueError, match=r"embedding ids must lie in \[0, 9\)"):
         misc.embedding(torch.tensor([9]), torch.zeros(9, 4))
