@@ -8,15 +8,17 @@ nvidia_e2e.prefill_flops_per_token (2 per weight a token multiplies, routed expe
 attention and indexer work over the entries each query reads); the ceiling is a bf16 8192^3
 torch.matmul timed in the same call.
 
-    python benchmarks/nvidia_prefill.py --formats bf16,released --batch 2 --len 4096 [--profile] [--bi]
+    python benchmarks/nvidia_prefill.py --formats bf16,released --batch 2 --len 4096 [--profile [--sites]] [--bi]
         [--device-checks]
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -94,6 +96,46 @@ def idle_gaps(p, rows: int) -> None:
         print(f"  {sum(g) / 1e3:9.2f} ms {len(g):5d}x  {name[:90]}", flush=True)
 
 
+# CUDA runtime calls that put work on the stream: kernel launches (torch's and Triton's), memsets, copies
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaMemsetAsync", "cudaMemcpyAsync")
+OUR_FRAME = re.compile(r"(^|/)(platforms|core|hal)/[\w/]+\.py\(\d+\): \w+")
+
+
+def launch_sites(model, driver, prompts, rows: int) -> list[dict]:
+    """Who launches: every CUDA runtime launch, memset and copy of one forward, counted by the
+    innermost shuili function above it (a Python frame, "file(line of its def): name") and the
+    torch op that made it ("-": a Triton kernel). Profiled with Python stacks, so its own timings
+    mean nothing; the counts are the forward's."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    b = driver.batch([(s, p, 0) for s, p in enumerate(prompts)])
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as p, \
+            torch.no_grad(), GUARD():
+        model.forward(b)
+        torch.cuda.synchronize()
+    sites = collections.Counter()
+    for e in p.events():
+        if not e.name.startswith(LAUNCH_CALLS):
+            continue
+        op, frame, q = "-", "?", e.cpu_parent
+        while q is not None:
+            if op == "-" and q.name.startswith("aten::"):
+                op = q.name
+            m = OUR_FRAME.search(q.name)
+            if m:
+                frame = q.name[m.start():].lstrip("/")
+                break
+            q = q.cpu_parent
+        sites[(e.name.split("_")[0], frame, op)] += 1
+    print(f"  launch sites: {sum(sites.values())} runtime calls", flush=True)
+    out = []
+    for (call, frame, op), n in sites.most_common(rows):
+        print(f"  {n:5d}  {call:18s} {frame[:70]:70s} {op[:30]}", flush=True)
+        out.append({"call": call, "frame": frame, "op": op, "count": n})
+    return out
+
+
 def free_cache(a) -> None:
     if a.device == "cuda":
         torch.cuda.empty_cache()
@@ -108,6 +150,8 @@ def main():
     ap.add_argument("--bi", action="store_true", help="also time batch-invariant mode")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-rows", type=int, default=25)
+    ap.add_argument("--sites", action="store_true",
+                    help="after the profile: count each format's launches by the shuili function making them")
     ap.add_argument("--json", default=None)
     ap.add_argument("--device-checks", action="store_true",
                     help="keep the ops' device range checks, which the engine's steps leave out")
@@ -150,6 +194,8 @@ def main():
             driver = model.driver(max_seqs=a.batch, max_len=a.len)
             step_times(model, driver, prompts, 0)  # compile and autotune
             r["profile"] = profile(model, driver, prompts, a.profile_rows)
+            if a.sites:
+                r["sites"] = launch_sites(model, driver, prompts, 2 * a.profile_rows)
             del model, driver, params
             free_cache(a)
     if a.json:
