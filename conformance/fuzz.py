@@ -212,8 +212,11 @@ def gen_rope(rng: Rng, **_) -> Case:
     kw = {"x": rng.normal(t, h, d), "positions": rng.ints(0, max_pos, (t,)),
           "cos": cos, "sin": sin, "rope_dim": rope_dim,
           "interleaved": rng.coin(), "inverse": rng.coin(0.3)}
+    if rng.coin(0.5):  # the host hint (each call gets its own copy of x, so it is truthful)
+        kw["may_overwrite"] = True
     case = Case("rope", 0, kw, ("x",), t, params={"T": t, "H": h, "D": d, "rope_dim": rope_dim,
-                                                 "interleaved": kw["interleaved"], "inverse": kw["inverse"]})
+                                                 "interleaved": kw["interleaved"], "inverse": kw["inverse"],
+                                                 "may_overwrite": "may_overwrite" in kw})
     case.split = _rows({"x": 0, "positions": 0})(case)
     return case
 

@@ -129,6 +129,8 @@ def rope(
     rope_dim: int,
     interleaved: bool = True,
     inverse: bool = False,
+    *,
+    may_overwrite: bool = False,
 ) -> torch.Tensor:
     """Rotary embedding on the LAST `rope_dim` channels of x [T, H, D] (D >= rope_dim); the first
     D - rope_dim channels pass through. positions int64 [T]; cos, sin float32 [max_pos, rope_dim/2]
@@ -136,6 +138,9 @@ def rope(
     interleaved=True pairs channels (2i, 2i+1) (GPT-J / DeepSeek); False pairs (i, i + rope_dim/2)
     (GPT-NeoX / Llama). Pair (a, b) with angle c + i s becomes (a c - b s, a s + b c); inverse=True
     rotates by the negative angle. Math in float32; returns x's dtype and shape (a new tensor).
+    Host hint (HAL 1.11) may_overwrite=True: the caller never reads x again, so an implementation
+    may write the result into x and return x (then only the rotated channels are rewritten: V4's
+    attention output rotates 64 of 512). The result's values are the same either way.
     """
 
 

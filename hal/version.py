@@ -13,7 +13,8 @@ a declared fallback).
 # 1.8: paged_slots (the block-table lookups of a step's window, compressed and state entries,
 # which were 14 torch kernels each); 1.9: kv_write (kv_quantize + cache_write, so new KV rows are
 # packed where they are stored) and rms_norm_rope (rms_norm + rope of a step's q / KV rows);
-# 1.10: block_diagonal_linear (V4's grouped output projection on its rows as they lie)
-HAL_API_VERSION = "1.10"
+# 1.10: block_diagonal_linear (V4's grouped output projection on its rows as they lie);
+# 1.11: rope's may_overwrite hint (rotate in place), hal.checks (a caller's range-checked inputs)
+HAL_API_VERSION = "1.11"
 HAL_API_MAJOR = int(HAL_API_VERSION.split(".")[0])
 HAL_API_MINOR = int(HAL_API_VERSION.split(".")[1])

@@ -382,7 +382,7 @@ class DeepseekV4Model:
                 idxs.append(meta.hca_idx)
                 fmts.append(cfg.compressed_kv_format)
         o = ops.sparse_attention(q, kvs, idxs, d ** -0.5, p.sink, fmts)
-        o = ops.rope(o, pos, cos, sin, r, inverse=True)
+        o = ops.rope(o, pos, cos, sin, r, inverse=True, may_overwrite=True)
         # wo_a [G, o_lora_rank, H*d/G]: one block per group of heads
         return ops.linear(ops.block_diagonal_linear(o.reshape(T, H * d), p.wo_a), p.wo_b)
 
@@ -414,7 +414,8 @@ class DeepseekV4Model:
         ops, cfg = self.ops, self.cfg
         T, nh, di = x.shape[0], cfg.index_n_heads, cfg.index_head_dim
         cos, sin = self.rope[True]
-        q = ops.rope(ops.linear(qr, p.wq_b).view(T, nh, di), meta.pos, cos, sin, cfg.qk_rope_head_dim)
+        q = ops.rope(ops.linear(qr, p.wq_b).view(T, nh, di), meta.pos, cos, sin, cfg.qk_rope_head_dim,
+                     may_overwrite=True)
         w = ops.linear(x, p.weights_proj).float() * (nh ** -0.5 * di ** -0.5)
         bt = meta.batch.block_tables["csa_idx"]
         ids = ops.indexer_topk(q, w, self.caches["csa_idx"][layer], bt, meta.qsl, meta.pos, cfg.csa_ratio,

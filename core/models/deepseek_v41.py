@@ -313,7 +313,7 @@ class DeepseekV41Model:
         cos, sin = self.rope[p.ratio > 0]
         pos = meta.pos
         qr = ops.rms_norm(ops.linear(x, p.q_a), p.q_a_norm, cfg.rms_norm_eps)
-        q = ops.rope(ops.linear(qr, p.q_b).view(T, H, d), pos, cos, sin, r)
+        q = ops.rope(ops.linear(qr, p.q_b).view(T, H, d), pos, cos, sin, r, may_overwrite=True)
         kv = ops.rms_norm_rope(ops.linear(x, p.kv_proj).view(T, 1, d), p.kv_norm, cfg.rms_norm_eps, pos, cos,
                                sin, r)
         kv = self._fake_quant(kv.reshape(T, d), "mxfp8")
@@ -331,7 +331,7 @@ class DeepseekV41Model:
                 idxs.append(shared.topk)
                 fmts.append(cfg.compressed_kv_format)
         o = ops.sparse_attention(q, kvs, idxs, d ** -0.5, p.sinks, fmts)
-        o = ops.rope(o, pos, cos, sin, r, inverse=True)
+        o = ops.rope(o, pos, cos, sin, r, inverse=True, may_overwrite=True)
         # o_a [G, o_lora_rank, H*d/G]: one block per group of heads
         return ops.linear(ops.block_diagonal_linear(o.reshape(T, H * d), p.o_a), p.o_b)
 
@@ -369,7 +369,8 @@ class DeepseekV41Model:
         ops, cfg = self.ops, self.cfg
         T, nh, di = x.shape[0], cfg.index_n_heads, cfg.index_head_dim
         cos, sin = self.rope[True]
-        q = ops.rope(ops.linear(qr, ix.q_b).view(T, nh, di), meta.pos, cos, sin, cfg.qk_rope_head_dim)
+        q = ops.rope(ops.linear(qr, ix.q_b).view(T, nh, di), meta.pos, cos, sin, cfg.qk_rope_head_dim,
+                     may_overwrite=True)
         q = self._fake_quant(q.reshape(T * nh, di), "mxfp4").view(T, nh, di)
         w = ops.linear(x, ix.weights_proj).float() * (nh ** -0.5 * di ** -0.5)
         cand_src = cfg.candidate_source_layer_id

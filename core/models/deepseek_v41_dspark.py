@@ -138,13 +138,13 @@ class DSpark:
         T, H, d, r = x.shape[0], cfg.num_attention_heads, cfg.head_dim, cfg.qk_rope_head_dim
         cos, sin = m.rope[False]
         qr = ops.rms_norm(ops.linear(x, p.q_a), p.q_a_norm, cfg.rms_norm_eps)
-        q = ops.rope(ops.linear(qr, p.q_b).view(T, H, d), pos, cos, sin, r)
+        q = ops.rope(ops.linear(qr, p.q_b).view(T, H, d), pos, cos, sin, r, may_overwrite=True)
         kv = ops.rms_norm_rope(ops.linear(x, p.kv_proj).view(T, 1, d), p.kv_norm, cfg.rms_norm_eps, pos, cos,
                                sin, r)
         kv = m._fake_quant(kv.reshape(T, d), "mxfp8")  # the block's rows, unstored
         kvs = [m.caches["swa_kv"][layer], kv]
         o = ops.sparse_attention(q, kvs, [ctx_idx, blk_idx], d ** -0.5, p.sinks, [cfg.window_kv_format, "none"])
-        o = ops.rope(o, pos, cos, sin, r, inverse=True)
+        o = ops.rope(o, pos, cos, sin, r, inverse=True, may_overwrite=True)
         return ops.linear(ops.block_diagonal_linear(o.reshape(T, H * d), p.o_a), p.o_b)
 
     def _moe(self, p, x: torch.Tensor) -> torch.Tensor:

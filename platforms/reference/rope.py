@@ -23,9 +23,11 @@ def check_rope_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-         rope_dim: int, interleaved: bool = True, inverse: bool = False) -> torch.Tensor:
+         rope_dim: int, interleaved: bool = True, inverse: bool = False, *,
+         may_overwrite: bool = False) -> torch.Tensor:
     """(a, b) -> (a c - b s, a s + b c) with s negated for inverse, each product and sum rounded
-    in float32 (no fused multiply-add). Returns a new tensor of x's dtype and shape.
+    in float32 (no fused multiply-add). Returns a new tensor of x's dtype and shape, whatever
+    may_overwrite says (the oracle leaves its inputs alone).
     """
     t, d, half = check_rope_args(x, cos, sin, rope_dim)
     c, s = _angles(positions, cos, sin, t)

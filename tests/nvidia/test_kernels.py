@@ -115,6 +115,25 @@ def test_rope(device, interleaved, inverse, rope_dim, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_may_overwrite(device, dtype):
+    """The hint rotates x in place and returns it, with the copy's bits; without it x is left alone,
+    and a strided x is rotated in the contiguous copy the op makes anyway."""
+    half, d = 32, 512
+    ang = torch.arange(64, dtype=torch.float64)[:, None] / 10000 ** (torch.arange(half) * 2 / 64)
+    cos, sin = ang.cos().float().to(device), ang.sin().float().to(device)
+    pos = torch.tensor([0, 3, 63, 7, 7]).to(device)
+    x = rnd(5, 16, d, seed=4).to(device=device, dtype=dtype)
+    keep = x.clone()
+    want = norm_rope.rope(x, pos, cos, sin, 64, True, True)
+    assert torch.equal(x, keep)
+    got = norm_rope.rope(x, pos, cos, sin, 64, True, True, may_overwrite=True)
+    assert got.data_ptr() == x.data_ptr() and torch.equal(got, want)
+    wide = torch.cat([keep, keep], dim=2)
+    strided = norm_rope.rope(wide[:, :, :d], pos, cos, sin, 64, True, True)
+    assert torch.equal(strided, want) and torch.equal(wide[:, :, :d], keep)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("h,d,rope_dim,weighted",
                          [(16, 512, 64, False), (1, 512, 64, True), (3, 96, 96, True)])
