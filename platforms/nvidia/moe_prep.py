@@ -12,7 +12,11 @@ import triton.language as tl
 
 from shuili.platforms.nvidia.common import cdiv, interpreting, pow2
 
-MAX_ROWS = 4096  # above this (prefill, eager), torch's sort: one program's row loop grows with the rows (not timed)
+# above MAX_ROWS rows (prefill) the one program's row loop would grow with the rows: three launches
+# over CHUNK_ROWS-row chunks instead (count, offsets + tile map, place), where torch's stable sort,
+# counts and tile map took about ten, memsets among them, per MoE layer
+MAX_ROWS = 4096
+CHUNK_ROWS = 2048
 # [chunk, groups] tiles of about TILE_VALUES values, PREP_WARPS warps: the one program's loop
 # steps are its latency. benchmarks/nvidia_qgemm.py --prep-sweep (H100, 2026-12-07): at mid-v4's
 # routing (384 rows, 32 experts) these are the fastest of 4096-16384 values x 4-8 warps (11.6 us)
@@ -43,6 +47,54 @@ def _prep_kernel(ids_ptr, order_ptr, sizes_ptr, te_ptr, t0_ptr, t1_ptr, N, E, NT
         run += tl.sum(hot, axis=0)
     tl.store(sizes_ptr + ex, cnt.to(tl.int64), mask=eok)
     _tile_map(cnt, start, ex, eok, te_ptr, t0_ptr, t1_ptr, E, NT, BM, TC)
+
+
+@triton.jit
+def _chunk_count_kernel(ids_ptr, hist_ptr, N, EP: tl.constexpr, BC: tl.constexpr, CH: tl.constexpr):
+    """hist[c, :EP] = the rows of chunk c (CH rows) per expert."""
+    c = tl.program_id(0)
+    ex = tl.arange(0, EP)
+    cnt = tl.zeros([EP], dtype=tl.int32)
+    for r0 in range(0, CH, BC):
+        i = c * CH + r0 + tl.arange(0, BC)
+        v = tl.load(ids_ptr + i, mask=i < N, other=-1).to(tl.int32)
+        cnt += tl.sum((v[:, None] == ex[None, :]).to(tl.int32), axis=0)
+    tl.store(hist_ptr + c * EP + ex, cnt)
+
+
+@triton.jit
+def _chunk_offsets_kernel(hist_ptr, sizes_ptr, te_ptr, t0_ptr, t1_ptr, NC, E, NT, BM, EP: tl.constexpr,
+                          TC: tl.constexpr):
+    """hist[c] becomes chunk c's first sorted row per expert (the expert's first row, plus the rows
+    the chunks before c give it); the sizes and the tile map as _prep_kernel writes them."""
+    ex = tl.arange(0, EP)
+    eok = ex < E
+    cnt = tl.zeros([EP], dtype=tl.int32)
+    for c in range(0, NC):
+        cnt += tl.load(hist_ptr + c * EP + ex)
+    start = tl.cumsum(cnt, 0) - cnt
+    run = start
+    for c in range(0, NC):
+        h = tl.load(hist_ptr + c * EP + ex)
+        tl.store(hist_ptr + c * EP + ex, run)
+        run += h
+    tl.store(sizes_ptr + ex, cnt.to(tl.int64), mask=eok)
+    _tile_map(cnt, start, ex, eok, te_ptr, t0_ptr, t1_ptr, E, NT, BM, TC)
+
+
+@triton.jit
+def _chunk_place_kernel(ids_ptr, base_ptr, order_ptr, N, EP: tl.constexpr, BC: tl.constexpr, CH: tl.constexpr):
+    """Chunk c's rows to their sorted places, from its first row per expert (base[c]), in row order."""
+    c = tl.program_id(0)
+    ex = tl.arange(0, EP)
+    run = tl.load(base_ptr + c * EP + ex)
+    for r0 in range(0, CH, BC):
+        i = c * CH + r0 + tl.arange(0, BC)
+        v = tl.load(ids_ptr + i, mask=i < N, other=-1).to(tl.int32)
+        hot = (v[:, None] == ex[None, :]).to(tl.int32)  # [BC, EP]
+        pos = tl.sum(hot * (tl.cumsum(hot, 0) - 1 + run[None, :]), axis=1)
+        tl.store(order_ptr + pos, i.to(tl.int64), mask=i < N)
+        run += tl.sum(hot, axis=0)
 
 
 @triton.jit
@@ -117,7 +169,7 @@ def moe_prep(flat: torch.Tensor, e: int, bm: int):
     """flat int64 [n] expert ids in [0, e) (checked by the caller) -> (order int64 [n]: the stable
     sort of the rows by expert, sizes int64 [e], tiles: group_tiles(sizes, n, bm)'s tuple)."""
     n = flat.numel()
-    if n > MAX_ROWS or n == 0 or (flat.device.type == "cpu" and not interpreting()):
+    if n == 0 or n >= 2 ** 31 or (flat.device.type == "cpu" and not interpreting()):
         order = torch.argsort(flat, stable=True)
         sizes = torch.zeros(e, dtype=torch.int64, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
         return order, sizes, group_tiles(sizes, n, bm)
@@ -127,6 +179,14 @@ def moe_prep(flat: torch.Tensor, e: int, bm: int):
     sizes = torch.empty(e, dtype=torch.int64, device=dev)
     te, t0, t1 = (torch.empty(nt, dtype=torch.int64, device=dev) for _ in range(3))
     ep, bc = _widths(e)
-    _prep_kernel[(1,)](flat.contiguous(), order, sizes, te, t0, t1, n, e, nt, bm,
-                       BC=bc, EP=ep, TC=bc, num_warps=PREP_WARPS)
+    flat = flat.contiguous()
+    if n <= MAX_ROWS:
+        _prep_kernel[(1,)](flat, order, sizes, te, t0, t1, n, e, nt, bm,
+                           BC=bc, EP=ep, TC=bc, num_warps=PREP_WARPS)
+        return order, sizes, (te, t0, t1, nt)
+    nc = cdiv(n, CHUNK_ROWS)
+    hist = torch.empty(nc, ep, dtype=torch.int32, device=dev)
+    _chunk_count_kernel[(nc,)](flat, hist, n, EP=ep, BC=bc, CH=CHUNK_ROWS, num_warps=PREP_WARPS)
+    _chunk_offsets_kernel[(1,)](hist, sizes, te, t0, t1, nc, e, nt, bm, EP=ep, TC=bc, num_warps=PREP_WARPS)
+    _chunk_place_kernel[(nc,)](flat, hist, order, n, EP=ep, BC=bc, CH=CHUNK_ROWS, num_warps=PREP_WARPS)
     return order, sizes, (te, t0, t1, nt)

@@ -1,13 +1,15 @@
-"""The one-launch MoE routing prep against torch's stable argsort and the torch tile map: the same
-permutation, counts and tile map (so the expert GEMMs see the same rows in the same order); and the
-one-launch tile map of grouped_linear against the same torch tile map."""
+"""The one-launch MoE routing prep (three launches over chunks at prefill sizes) against torch's
+stable argsort and the torch tile map: the same permutation, counts and tile map (so the expert
+GEMMs see the same rows in the same order); and the one-launch tile map of grouped_linear against
+the same torch tile map."""
 import pytest
 import torch
 
 from shuili.hal.types import Weight
 from shuili.platforms.nvidia import gemm
 from shuili.platforms.nvidia import moe_prep as mp
-from shuili.platforms.nvidia.moe_prep import MAX_GROUPS, MAX_ROWS, _group_tiles_torch, group_tiles, moe_prep
+from shuili.platforms.nvidia.moe_prep import (CHUNK_ROWS, MAX_GROUPS, MAX_ROWS, _group_tiles_torch, group_tiles,
+                                              moe_prep)
 
 
 @pytest.mark.parametrize("n,e,bm", [(1, 32, 16), (6, 8, 64), (384, 32, 16), (384, 32, 64), (512, 256, 16),
@@ -27,10 +29,25 @@ def test_prep_equals_stable_sort_and_group_tiles(device, n, e, bm):
         assert torch.equal(got.cpu(), exp)
 
 
-def test_prefill_sizes_take_the_sort(device):
-    flat = torch.randint(0, 8, (MAX_ROWS + 1,), generator=torch.Generator().manual_seed(1))
-    order, sizes, _ = moe_prep(flat.to(device), 8, 64)
+@pytest.mark.parametrize("n,e,bm", [(MAX_ROWS + 1, 8, 64), (3 * CHUNK_ROWS, 32, 64), (8192 * 6, 32, 64),
+                                    (5000, 256, 16), (2 * CHUNK_ROWS + 7, 3, 16)])
+def test_prefill_sizes_take_the_chunks(device, monkeypatch, n, e, bm):
+    """Past MAX_ROWS the three chunked launches give the stable sort's permutation, the counts and
+    the tile map, with no sort: mid-v4's 4k prefill (2 x 4,096 tokens, 6 experts each), a last
+    chunk of 7 rows, an expert owning a third of the rows, empty experts."""
+    g = torch.Generator().manual_seed(n + e)
+    flat = torch.randint(0, e, (n,), generator=g)
+    flat[n // 3: 2 * n // 3] = 1
+    monkeypatch.setattr(torch, "argsort", lambda *a, **k: pytest.fail("torch's sort used"))
+    order, sizes, tiles = moe_prep(flat.to(device), e, bm)
+    monkeypatch.undo()
+    want_sizes = torch.bincount(flat, minlength=e)
     assert torch.equal(order.cpu(), torch.argsort(flat, stable=True))
+    assert torch.equal(sizes.cpu(), want_sizes)
+    want = _group_tiles_torch(want_sizes, n, bm)
+    assert tiles[3] == want[3]
+    for got, exp in zip(tiles[:3], want[:3]):
+        assert torch.equal(got.cpu(), exp)
 
 
 @pytest.mark.parametrize("sizes,bm", [([64, 64, 64, 64], 16), ([3], 64), ([0, 5, 0, 17, 1, 0], 16),
