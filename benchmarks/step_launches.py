@@ -1,4 +1,5 @@
-"""Count the launches one mid-v4-shaped decode step makes on the NVIDIA platform, by call site, without a GPU.
+"""Count the launches one mid-v4-shaped decode step (or prefill) makes on the NVIDIA platform, by call site,
+without a GPU.
 
 The forward runs eagerly on the CPU with TRITON_INTERPRET=1 (the same Python the captured step
 records). Each torch op that would launch a CUDA kernel (views and allocations launch none) and
@@ -8,6 +9,8 @@ is exact for the code, not a timing: the GPU profile (`nvidia_decode_ctx.py --pr
 each launch costs.
 
     TRITON_INTERPRET=1 python benchmarks/step_launches.py [--layers 4] [--batch 4] [--released] [--rows 40]
+        [--prefill L]   (B fresh prompts of L tokens instead of a decode step at --ctx; the interpreter
+                         runs every kernel, so L in the hundreds takes minutes)
 """
 from __future__ import annotations
 
@@ -88,6 +91,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=300)
     ap.add_argument("--released", action="store_true")
     ap.add_argument("--rows", type=int, default=40)
+    ap.add_argument("--prefill", type=int, default=0, metavar="L")
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import nvidia_decode_ctx as D
@@ -108,19 +112,29 @@ def main():
     cfg = named("mid-v4", **over)
     params = D.gpu_params(cfg, args.released, torch.bfloat16)
     ops = DispatchTable("nvidia", make_ops(), {n: "nvidia" for n in OP_NAMES})
-    model = DeepseekV4Model(cfg, ops, params, device="cpu", dtype="bfloat16", max_model_len=args.ctx + 256)
-    c = D.Caches(model, ops, args.batch, args.ctx, 128)
-    batch = c.batch(model.cache_groups())
+    model = DeepseekV4Model(cfg, ops, params, device="cpu", dtype="bfloat16",
+                            max_model_len=max(args.ctx + 256, args.prefill))
+    if args.prefill:
+        g = torch.Generator().manual_seed(0)
+        driver = model.driver(max_seqs=args.batch, max_len=args.prefill)
+        prompts = [torch.randint(0, cfg.vocab_size, (args.prefill,), generator=g).tolist()
+                   for _ in range(args.batch)]
+        batch = driver.batch([(s, p, 0) for s, p in enumerate(prompts)])
+    else:
+        batch = D.Caches(model, ops, args.batch, args.ctx, 128).batch(model.cache_groups())
     # as in a captured step: no device-side checks (on a CPU tensor `check` would run them eagerly);
     # every module imported the function itself, so its code is what is replaced
     common.check.__code__ = (lambda x, ok, msg: None).__code__
-    model.forward(batch)  # warm: lazy tables, compiled constants
+    # warm: lazy tables, compiled constants (a prefill warms on a short prompt: the interpreter is slow)
+    model.forward(driver.batch([(0, prompts[0][:16], 0)]) if args.prefill else batch)
     counter = Counter()
     hook_triton(counter)
     with counter:
         model.forward(batch)
     total = sum(counter.ops.values())
-    print(f"{cfg.attn_kinds} {cfg.mlp_kinds} batch {args.batch}, released={args.released}: {total} launches")
+    what = f"prefill of {args.prefill} tokens" if args.prefill else f"decode at {args.ctx}"
+    print(f"{cfg.attn_kinds} {cfg.mlp_kinds} batch {args.batch}, {what}, released={args.released}: "
+          f"{total} launches")
     print(f"{'launches':>8}  kind / call site")
     for (kind, where), k in counter.sites.most_common(args.rows):
         print(f"{k:8d}  {kind:28s} {where}")
