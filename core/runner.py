@@ -17,7 +17,7 @@ from shuili.core.models.engram_hash import engram_history
 from shuili.core.request import Request, stop_ids
 from shuili.core.sampler import Penalties, Sampler, SamplingBatch
 from shuili.core.scheduler import SampleRow, SchedulerOutput, StepOutput
-from shuili.hal.checks import inputs_checked
+from shuili.hal.checks import INPUTS_CHECKED
 from shuili.hal.transfer import HostTransfer, Pending, Transfer
 
 
@@ -252,9 +252,13 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput, prev: StepResult | None = None) -> StepResult:
         # build_batch range-checks the step's ids and tables on the host, so the ops need not
-        # check them again on the device (hal/checks.py)
-        with inputs_checked():
+        # check them again on the device (hal/checks.py; the variable is set here, not through
+        # inputs_checked(), so the step's path does not cross one more module)
+        token = INPUTS_CHECKED.set(True)
+        try:
             return self._execute(out, prev)
+        finally:
+            INPUTS_CHECKED.reset(token)
 
     def _execute(self, out: SchedulerOutput, prev: StepResult | None) -> StepResult:
         step = self.build_batch(out, prev)

@@ -8,9 +8,10 @@ group sizes; tid2eid is checked when the weights load). Inside its steps the dev
 that work: 67 checks in the profile of a 4k mid-v4 prefill forward, about a fifth of its 1,262
 launches (docs/performance.md).
 
-The engine marks its steps with `inputs_checked()`; a platform's checks may step aside while
-`inputs_are_checked()` holds. Every other caller of the ops keeps the device checks. The flag is a
-context variable, so it holds for the thread (or task) that set it and no other.
+The engine marks its steps with `inputs_checked()` (the runner sets `INPUTS_CHECKED` itself); a
+platform's checks may step aside while `inputs_are_checked()` holds. Every other caller of the ops
+keeps the device checks. The flag is a context variable, so it holds for the thread (or task) that
+set it and no other.
 """
 from __future__ import annotations
 
@@ -18,18 +19,20 @@ import contextlib
 import contextvars
 from typing import Iterator
 
-_CHECKED = contextvars.ContextVar("shuili_inputs_checked", default=False)
+# set and reset directly (token = INPUTS_CHECKED.set(True) ... INPUTS_CHECKED.reset(token)) where a
+# hot path should not call into this module: the engine's step (tests/core/test_step_path.py)
+INPUTS_CHECKED = contextvars.ContextVar("shuili_inputs_checked", default=False)
 
 
 @contextlib.contextmanager
 def inputs_checked() -> Iterator[None]:
     """Ops called in this block get index tensors their caller has range-checked."""
-    token = _CHECKED.set(True)
+    token = INPUTS_CHECKED.set(True)
     try:
         yield
     finally:
-        _CHECKED.reset(token)
+        INPUTS_CHECKED.reset(token)
 
 
 def inputs_are_checked() -> bool:
-    return _CHECKED.get()
+    return INPUTS_CHECKED.get()
