@@ -101,11 +101,21 @@ LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaMemsetAsync", "cudaMe
 OUR_FRAME = re.compile(r"(^|/)(platforms|core|hal)/[\w/]+\.py\(\d+\): \w+")
 
 
+def _our_frame(names: list[str]) -> str:
+    for name in names:
+        m = OUR_FRAME.search(name)
+        if m:
+            return name[m.start():].lstrip("/")
+    return "?"
+
+
 def launch_sites(model, driver, prompts, rows: int) -> list[dict]:
     """Who launches: every CUDA runtime launch, memset and copy of one forward, counted by the
-    innermost shuili function above it (a Python frame, "file(line of its def): name") and the
-    torch op that made it ("-": a Triton kernel). Profiled with Python stacks, so its own timings
-    mean nothing; the counts are the forward's."""
+    innermost shuili function above it (a Python frame, "file(line of its def): name", from the
+    profiler's Python events above the launch or an ancestor op's recorded stack; "?" where it
+    links none) and the torch op that made it ("-": a Triton kernel). On an H100 (2026-12-07) the
+    profiler linked no Python frame to any launch, only the ops. Profiled with Python stacks, so
+    its own timings mean nothing; the counts are the forward's."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
@@ -122,9 +132,8 @@ def launch_sites(model, driver, prompts, rows: int) -> list[dict]:
         while q is not None:
             if op == "-" and q.name.startswith("aten::"):
                 op = q.name
-            m = OUR_FRAME.search(q.name)
-            if m:
-                frame = q.name[m.start():].lstrip("/")
+            frame = _our_frame([q.name] + list(getattr(q, "stack", None) or []))
+            if frame != "?":
                 break
             q = q.cpu_parent
         sites[(e.name.split("_")[0], frame, op)] += 1
