@@ -154,3 +154,24 @@ def test_generate_with_tensor_parallel_from_the_command_line():
     got = json.loads(run.stdout.strip().splitlines()[-1])["outputs"][0]["token_ids"]
     one = LLM("tiny-v4", platform="reference", num_blocks=16).generate("Hello", SamplingParams(max_tokens=4, temperature=0.0))
     assert got == one[0].outputs[0].token_ids
+
+
+def test_a_rank_runs_its_forward_with_checked_inputs():
+    """A worker rank's forward runs inside hal.checks.inputs_checked (rank 0 checked the ids, the
+    rank its slots and tables), so the ops may leave their device checks out; a non-lead rank
+    returns nothing."""
+    from types import SimpleNamespace
+
+    from shuili.core.parallel.worker import run_step
+    from shuili.hal.checks import inputs_are_checked
+
+    seen = []
+
+    def forward(batch):
+        seen.append(inputs_are_checked())
+        return torch.zeros(1, 4)
+
+    step = SimpleNamespace(batch=None, sampling=None, prompt_idx=torch.zeros(0, dtype=torch.int64))
+    runner = SimpleNamespace(device_step=lambda arrays, flags, n: step, model=SimpleNamespace(forward=forward))
+    assert run_step(runner, False, ({}, {}, 0, 0)) is None
+    assert seen == [True] and not inputs_are_checked()
