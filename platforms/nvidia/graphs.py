@@ -1,8 +1,8 @@
 """CUDA graphs: capture a step function once for fixed shapes, replay it.
 
 Every op of this platform is capture-safe: no host syncs while capturing (input checks are
-device-side asserts in eager mode, left out of a capture and of the engine's steps: common.check says why; grids depend
-on shapes only, sampling always takes the filtering path).
+device-side asserts in eager mode, left out of a capture and of the engine's steps: common.check
+says why; grids depend on shapes only, sampling always takes the filtering path).
 The engine's buckets, static buffers and padding live in `shuili.core.graphs`; this module only
 records and replays.
 """

@@ -2,8 +2,8 @@
 rows by expert, the rows per expert, and the grouped GEMMs' tile map. In torch this was an argsort
 (a single-block radix sort, ~27 us on the H200 at 384 rows), an index_add and ~8 small kernels for
 the tile map, per layer and decode step. One program counts and places the rows; the permutation
-is the same as the stable sort's (it is unique), so no output bit changes. group_tiles, the torch tile map, lives here
-too: grouped_linear uses it, and the routing prep falls back to it."""
+is the same as the stable sort's (it is unique), so no output bit changes. group_tiles, the torch
+tile map, lives here too: grouped_linear uses it, and the routing prep falls back to it."""
 from __future__ import annotations
 
 import torch
