@@ -202,6 +202,10 @@ def run(args):
         pos = torch.randint(0, 4096, (8192,), device=DEV)
         cs = torch.randn(4096, 32, device=DEV)
         record("rope T8192 H16 D512 r64", bench(lambda: norm_rope.rope(xr, pos, cs, cs, 64)), 2 * xr.numel() * 2)
+        # in place (HAL 1.11's may_overwrite, V4's attention output): the rotated 64 channels alone; a 4k
+        # prefill's profile (H100, 2026-12-07) put this at ~120 us a launch, far from its bytes
+        record("rope T8192 H16 D512 r64 in place", graph_bench(
+            lambda: norm_rope.rope(xr, pos, cs, cs, 64, may_overwrite=True)), 2 * 8192 * 16 * 64 * 2)
         kx = torch.randn(65536, 512, device=DEV)
         for fmt in ("mxfp8", "fp4_e4m3"):
             rb = quant.bytes_per_row(fmt, 512)
