@@ -26,25 +26,38 @@ MAX_GROUPS = 1024  # _tiles_kernel holds every group's count in one program
 
 
 @triton.jit
+def _count_rows(ids_ptr, r0, r1, N, ex, EP: tl.constexpr, BC: tl.constexpr):
+    """[EP] int32: the rows r0 .. r1 - 1 (those below N) per expert ex."""
+    cnt = tl.zeros([EP], dtype=tl.int32)
+    for c0 in range(r0, r1, BC):
+        i = c0 + tl.arange(0, BC)
+        v = tl.load(ids_ptr + i, mask=i < N, other=-1).to(tl.int32)
+        cnt += tl.sum((v[:, None] == ex[None, :]).to(tl.int32), axis=0)
+    return cnt
+
+
+@triton.jit
+def _place_rows(ids_ptr, order_ptr, r0, r1, N, ex, first, BC: tl.constexpr):
+    """Rows r0 .. r1 - 1 (those below N) to their sorted places, in row order: each expert's rows
+    from its place first [EP] on."""
+    run = first
+    for c0 in range(r0, r1, BC):
+        i = c0 + tl.arange(0, BC)
+        v = tl.load(ids_ptr + i, mask=i < N, other=-1).to(tl.int32)
+        hot = (v[:, None] == ex[None, :]).to(tl.int32)  # [BC, EP]
+        pos = tl.sum(hot * (tl.cumsum(hot, 0) - 1 + run[None, :]), axis=1)  # the row's expert column alone
+        tl.store(order_ptr + pos, i.to(tl.int64), mask=i < N)
+        run += tl.sum(hot, axis=0)
+
+
+@triton.jit
 def _prep_kernel(ids_ptr, order_ptr, sizes_ptr, te_ptr, t0_ptr, t1_ptr, N, E, NT, BM,
                  BC: tl.constexpr, EP: tl.constexpr, TC: tl.constexpr):
     ex = tl.arange(0, EP)
     eok = ex < E
-    cnt = tl.zeros([EP], dtype=tl.int32)
-    for c0 in range(0, N, BC):
-        i = c0 + tl.arange(0, BC)
-        v = tl.load(ids_ptr + i, mask=i < N, other=-1).to(tl.int32)
-        cnt += tl.sum((v[:, None] == ex[None, :]).to(tl.int32), axis=0)
+    cnt = _count_rows(ids_ptr, 0, N, N, ex, EP, BC)
     start = tl.cumsum(cnt, 0) - cnt  # [EP] first sorted row of each expert
-    run = tl.zeros([EP], dtype=tl.int32)
-    for c0 in range(0, N, BC):
-        i = c0 + tl.arange(0, BC)
-        v = tl.load(ids_ptr + i, mask=i < N, other=-1).to(tl.int32)
-        hot = (v[:, None] == ex[None, :]).to(tl.int32)  # [BC, EP]
-        rank = tl.cumsum(hot, 0) - 1 + (start + run)[None, :]
-        pos = tl.sum(hot * rank, axis=1)  # [BC]: only the row's own expert column is nonzero
-        tl.store(order_ptr + pos, i.to(tl.int64), mask=i < N)
-        run += tl.sum(hot, axis=0)
+    _place_rows(ids_ptr, order_ptr, 0, N, N, ex, start, BC)
     tl.store(sizes_ptr + ex, cnt.to(tl.int64), mask=eok)
     _tile_map(cnt, start, ex, eok, te_ptr, t0_ptr, t1_ptr, E, NT, BM, TC)
 
@@ -54,12 +67,7 @@ def _chunk_count_kernel(ids_ptr, hist_ptr, N, EP: tl.constexpr, BC: tl.constexpr
     """hist[c, :EP] = the rows of chunk c (CH rows) per expert."""
     c = tl.program_id(0)
     ex = tl.arange(0, EP)
-    cnt = tl.zeros([EP], dtype=tl.int32)
-    for r0 in range(0, CH, BC):
-        i = c * CH + r0 + tl.arange(0, BC)
-        v = tl.load(ids_ptr + i, mask=i < N, other=-1).to(tl.int32)
-        cnt += tl.sum((v[:, None] == ex[None, :]).to(tl.int32), axis=0)
-    tl.store(hist_ptr + c * EP + ex, cnt)
+    tl.store(hist_ptr + c * EP + ex, _count_rows(ids_ptr, c * CH, c * CH + CH, N, ex, EP, BC))
 
 
 @triton.jit
@@ -87,14 +95,7 @@ def _chunk_place_kernel(ids_ptr, base_ptr, order_ptr, N, EP: tl.constexpr, BC: t
     """Chunk c's rows to their sorted places, from its first row per expert (base[c]), in row order."""
     c = tl.program_id(0)
     ex = tl.arange(0, EP)
-    run = tl.load(base_ptr + c * EP + ex)
-    for r0 in range(0, CH, BC):
-        i = c * CH + r0 + tl.arange(0, BC)
-        v = tl.load(ids_ptr + i, mask=i < N, other=-1).to(tl.int32)
-        hot = (v[:, None] == ex[None, :]).to(tl.int32)  # [BC, EP]
-        pos = tl.sum(hot * (tl.cumsum(hot, 0) - 1 + run[None, :]), axis=1)
-        tl.store(order_ptr + pos, i.to(tl.int64), mask=i < N)
-        run += tl.sum(hot, axis=0)
+    _place_rows(ids_ptr, order_ptr, c * CH, c * CH + CH, N, ex, tl.load(base_ptr + c * EP + ex), BC)
 
 
 @triton.jit
