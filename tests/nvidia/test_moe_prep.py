@@ -19,11 +19,15 @@ def test_prep_equals_stable_sort_and_group_tiles(device, n, e, bm):
     flat = torch.randint(0, e, (n,), generator=g)
     if n > 10:
         flat[: n // 3] = 1  # one crowded expert, several empty ones for small e
-    order, sizes, tiles = moe_prep(flat.to(device), e, bm)
+    _assert_sorted_like_torch(flat, e, bm, *moe_prep(flat.to(device), e, bm))
+
+
+def _assert_sorted_like_torch(flat, e, bm, order, sizes, tiles):
+    """moe_prep's outputs equal the stable argsort, the counts and the torch tile map of flat."""
     want_sizes = torch.bincount(flat, minlength=e)
     assert torch.equal(order.cpu(), torch.argsort(flat, stable=True))
     assert torch.equal(sizes.cpu(), want_sizes)
-    want = _group_tiles_torch(want_sizes, n, bm)
+    want = _group_tiles_torch(want_sizes, flat.numel(), bm)
     assert tiles[3] == want[3]
     for got, exp in zip(tiles[:3], want[:3]):
         assert torch.equal(got.cpu(), exp)
@@ -39,15 +43,9 @@ def test_prefill_sizes_take_the_chunks(device, monkeypatch, n, e, bm):
     flat = torch.randint(0, e, (n,), generator=g)
     flat[n // 3: 2 * n // 3] = 1
     monkeypatch.setattr(torch, "argsort", lambda *a, **k: pytest.fail("torch's sort used"))
-    order, sizes, tiles = moe_prep(flat.to(device), e, bm)
+    got = moe_prep(flat.to(device), e, bm)
     monkeypatch.undo()
-    want_sizes = torch.bincount(flat, minlength=e)
-    assert torch.equal(order.cpu(), torch.argsort(flat, stable=True))
-    assert torch.equal(sizes.cpu(), want_sizes)
-    want = _group_tiles_torch(want_sizes, n, bm)
-    assert tiles[3] == want[3]
-    for got, exp in zip(tiles[:3], want[:3]):
-        assert torch.equal(got.cpu(), exp)
+    _assert_sorted_like_torch(flat, e, bm, *got)
 
 
 @pytest.mark.parametrize("sizes,bm", [([64, 64, 64, 64], 16), ([3], 64), ([0, 5, 0, 17, 1, 0], 16),
