@@ -59,14 +59,22 @@ def step_times(model, driver, prompts, iters: int) -> list[float]:
     return out
 
 
-def profile(model, driver, prompts, rows: int) -> list[dict]:
+def profiled_forward(model, driver, prompts, cpu: bool = False):
+    """torch.profiler over one forward of the prompts, run as the timed ones run; cpu: the host's
+    events too, with Python stacks."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
     b = driver.batch([(s, p, 0) for s, p in enumerate(prompts)])
-    with prof(activities=[ProfilerActivity.CUDA]) as p, torch.no_grad(), GUARD():
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cpu else [ProfilerActivity.CUDA]
+    with prof(activities=acts, with_stack=cpu) as p, torch.no_grad(), GUARD():
         model.forward(b)
         torch.cuda.synchronize()
+    return p
+
+
+def profile(model, driver, prompts, rows: int) -> list[dict]:
+    p = profiled_forward(model, driver, prompts)
     ev = sorted((e for e in p.key_averages() if e.self_device_time_total > 0),
                 key=lambda e: -e.self_device_time_total)
     busy = sum(e.self_device_time_total for e in ev) / 1e3
@@ -116,16 +124,8 @@ def launch_sites(model, driver, prompts, rows: int) -> list[dict]:
     links none) and the torch op that made it ("-": a Triton kernel). On an H100 (2026-12-07) the
     profiler linked no Python frame to any launch, only the ops. Profiled with Python stacks, so
     its own timings mean nothing; the counts are the forward's."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof
-
-    b = driver.batch([(s, p, 0) for s, p in enumerate(prompts)])
-    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as p, \
-            torch.no_grad(), GUARD():
-        model.forward(b)
-        torch.cuda.synchronize()
     sites = collections.Counter()
-    for e in p.events():
+    for e in profiled_forward(model, driver, prompts, cpu=True).events():
         if not e.name.startswith(LAUNCH_CALLS):
             continue
         op, frame, q = "-", "?", e.cpu_parent
