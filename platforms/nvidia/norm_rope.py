@@ -2,6 +2,8 @@
 row's reduction over a fixed-size block, so every row is computed the same way in any batch."""
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -81,30 +83,37 @@ def _pairs(D, R, HALF, HP: tl.constexpr, INTERLEAVED: tl.constexpr):
 
 
 @triton.jit
-def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF, HP: tl.constexpr,
+def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, T, H, D, R, HALF, HP: tl.constexpr,
                  BH: tl.constexpr, BD: tl.constexpr, INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr,
-                 COPY: tl.constexpr = True):
-    """COPY=False: y is x (rotated in place), so the pass-through channels are left where they lie."""
-    t = tl.program_id(0).to(tl.int64)
+                 COPY: tl.constexpr = True, BT: tl.constexpr = 1):
+    """Tokens BT*p .. BT*p + BT - 1, heads BH*q .. of x [T, H, D]. COPY=False: y is x (rotated in
+    place), so the pass-through channels are left where they lie."""
     h = tl.program_id(1) * BH + tl.arange(0, BH)
-    hok = h < H
-    base = x_ptr + t * H * D + h[:, None] * D
-    obase = y_ptr + t * H * D + h[:, None] * D
-    if COPY:
-        c = tl.arange(0, BD)
-        keep = hok[:, None] & (c[None, :] < D - R)
-        tl.store(obase + c[None, :], tl.load(base + c[None, :], mask=keep), mask=keep)
     i, iok, ia, ib = _pairs(D, R, HALF, HP, INTERLEAVED)
-    p = tl.load(pos_ptr + t)
-    cs = tl.load(cos_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
-    sn = tl.load(sin_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
-    if INVERSE:
-        sn = -sn
-    m = hok[:, None] & iok[None, :]
-    a = tl.load(base + ia[None, :], mask=m, other=0.0).to(tl.float32)
-    b = tl.load(base + ib[None, :], mask=m, other=0.0).to(tl.float32)
-    tl.store(obase + ia[None, :], (a * cs - b * sn).to(y_ptr.dtype.element_ty), mask=m)
-    tl.store(obase + ib[None, :], (a * sn + b * cs).to(y_ptr.dtype.element_ty), mask=m)
+    for j in tl.static_range(BT):
+        t = tl.program_id(0).to(tl.int64) * BT + j
+        hok = (h < H) & (h * 0 + t < T)  # a vector compare: the interpreter masks with no 0-d bool
+        base = x_ptr + t * H * D + h[:, None] * D
+        obase = y_ptr + t * H * D + h[:, None] * D
+        if COPY:
+            c = tl.arange(0, BD)
+            keep = hok[:, None] & (c[None, :] < D - R)
+            tl.store(obase + c[None, :], tl.load(base + c[None, :], mask=keep), mask=keep)
+        p = tl.load(pos_ptr + tl.minimum(t, T - 1))  # a token past T stores nothing
+        cs = tl.load(cos_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
+        sn = tl.load(sin_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
+        if INVERSE:
+            sn = -sn
+        m = hok[:, None] & iok[None, :]
+        a = tl.load(base + ia[None, :], mask=m, other=0.0).to(tl.float32)
+        b = tl.load(base + ib[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(obase + ia[None, :], (a * cs - b * sn).to(y_ptr.dtype.element_ty), mask=m)
+        tl.store(obase + ib[None, :], (a * sn + b * cs).to(y_ptr.dtype.element_ty), mask=m)
+
+
+# tokens a program rotates in place (rope's copying launch keeps one: its tile is the whole row).
+# SHUILI_NVIDIA_ROPE_TOKENS is for benchmarks/nvidia_kernels.py's A/B; the bits do not depend on it
+ROPE_TOKENS = int(os.environ.get("SHUILI_NVIDIA_ROPE_TOKENS", "1"))
 
 
 def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False, *, may_overwrite=False):
@@ -118,10 +127,11 @@ def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False, *, m
     y = x if inplace else torch.empty_like(x)
     if t:
         bh = min(pow2(h), 16)
-        _rope_kernel[(t, triton.cdiv(h, bh))](
-            x, y, positions.contiguous(), cos.float().contiguous(), sin.float().contiguous(), h, d,
+        bt = ROPE_TOKENS if inplace else 1
+        _rope_kernel[(triton.cdiv(t, bt), triton.cdiv(h, bh))](
+            x, y, positions.contiguous(), cos.float().contiguous(), sin.float().contiguous(), t, h, d,
             rope_dim, half, HP=pow2(half), BH=bh, BD=pow2(d), INTERLEAVED=interleaved, INVERSE=inverse,
-            COPY=not inplace)
+            COPY=not inplace, BT=bt)
     return y
 
 

@@ -115,9 +115,12 @@ def test_rope(device, interleaved, inverse, rope_dim, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_may_overwrite(device, dtype):
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_rope_may_overwrite(device, dtype, tokens, monkeypatch):
     """The hint rotates x in place and returns it, with the copy's bits; without it x is left alone,
-    and a strided x is rotated in the contiguous copy the op makes anyway."""
+    and a strided x is rotated in the contiguous copy the op makes anyway. In place, a program
+    takes `tokens` tokens (5 = 3 + 2: the last program's third token is past T)."""
+    monkeypatch.setattr(norm_rope, "ROPE_TOKENS", tokens)
     half, d = 32, 512
     ang = torch.arange(64, dtype=torch.float64)[:, None] / 10000 ** (torch.arange(half) * 2 / 64)
     cos, sin = ang.cos().float().to(device), ang.sin().float().to(device)
