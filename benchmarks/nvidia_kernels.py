@@ -215,6 +215,13 @@ def run(args):
             record(f"rope T8192 H32 D128 r64 in place BT{bt}", graph_bench(
                 lambda: norm_rope.rope(xq, pos, cs, cs, 64, may_overwrite=True)), 2 * 8192 * 32 * 64 * 2)
         norm_rope.ROPE_TOKENS = keep
+        # rms_norm_rope at V4's q (SHUILI_NVIDIA_NORM_ROPE_ROWS: rows a program), graph-replayed
+        keep = norm_rope.NORM_ROPE_ROWS
+        for rb in (1, 4, 16):
+            norm_rope.NORM_ROPE_ROWS = rb
+            record(f"rms_norm_rope T8192 H16 D512 r64 rows{rb}", graph_bench(
+                lambda: norm_rope.rms_norm_rope(xr, None, 1e-6, pos, cs, cs, 64)), 2 * xr.numel() * 2)
+        norm_rope.NORM_ROPE_ROWS = keep
         kx = torch.randn(65536, 512, device=DEV)
         for fmt in ("mxfp8", "fp4_e4m3"):
             rb = quant.bytes_per_row(fmt, 512)

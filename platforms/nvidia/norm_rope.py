@@ -136,34 +136,44 @@ def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False, *, m
 
 
 @triton.jit
-def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF, eps,
-                     BLOCK: tl.constexpr, HP: tl.constexpr, HAS_W: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Row (t, h) of x [T, H, D] (16-bit): _rms_kernel's norm (the same reduction, so the same bits),
-    stored rounded to y's dtype, then _rope_kernel's rotation of the last R channels from those
-    rounded values: the two ops' bits in one launch (checked on an H100 for bf16 rows; float32 rows
-    take the two kernels, see rms_norm_rope). The rope channels are normalised again from their own
-    loads (elementwise, the same expression), so no value crosses threads."""
-    row = tl.program_id(0).to(tl.int64)
+def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, N, H, D, R, HALF, eps,
+                     BLOCK: tl.constexpr, HP: tl.constexpr, HAS_W: tl.constexpr, INTERLEAVED: tl.constexpr,
+                     RB: tl.constexpr = 1):
+    """Rows RB*p .. RB*p + RB - 1 (row = t * H + h) of x [T, H, D] (16-bit), N = T * H rows: each
+    _rms_kernel's norm (the same reduction, so the same bits), stored rounded to y's dtype, then
+    _rope_kernel's rotation of the last R channels from those rounded values: the two ops' bits in
+    one launch (checked on an H100 for bf16 rows; float32 rows take the two kernels, see
+    rms_norm_rope). The rope channels are normalised again from their own loads (elementwise, the
+    same expression), so no value crosses threads."""
     c = tl.arange(0, BLOCK)
-    ok = c < D
-    x = tl.load(x_ptr + row * D + c, mask=ok, other=0.0)
-    xf = x.to(tl.float32)
-    rstd = _rstd(xf, D, eps)
-    y = _normed(xf, rstd, w_ptr, c, ok, HAS_W)
-    keep = c < D - R
-    tl.store(y_ptr + row * D + c, y.to(y_ptr.dtype.element_ty), mask=keep)
     i, iok, ia, ib = _pairs(D, R, HALF, HP, INTERLEAVED)
-    xa = tl.load(x_ptr + row * D + ia, mask=iok, other=0.0).to(tl.float32)
-    xb = tl.load(x_ptr + row * D + ib, mask=iok, other=0.0).to(tl.float32)
-    a = _normed(xa, rstd, w_ptr, ia, iok, HAS_W)
-    b = _normed(xb, rstd, w_ptr, ib, iok, HAS_W)
-    a = a.to(y_ptr.dtype.element_ty).to(tl.float32)
-    b = b.to(y_ptr.dtype.element_ty).to(tl.float32)
-    p = tl.load(pos_ptr + row // H)
-    cs = tl.load(cos_ptr + p * HALF + i, mask=iok, other=0.0)
-    sn = tl.load(sin_ptr + p * HALF + i, mask=iok, other=0.0)
-    tl.store(y_ptr + row * D + ia, (a * cs - b * sn).to(y_ptr.dtype.element_ty), mask=iok)
-    tl.store(y_ptr + row * D + ib, (a * sn + b * cs).to(y_ptr.dtype.element_ty), mask=iok)
+    for j in tl.static_range(RB):
+        row = tl.program_id(0).to(tl.int64) * RB + j
+        live = c * 0 + row < N  # a vector compare: the interpreter masks with no 0-d bool
+        ok = (c < D) & live
+        x = tl.load(x_ptr + row * D + c, mask=ok, other=0.0)
+        xf = x.to(tl.float32)
+        rstd = _rstd(xf, D, eps)
+        y = _normed(xf, rstd, w_ptr, c, ok, HAS_W)
+        keep = (c < D - R) & live
+        tl.store(y_ptr + row * D + c, y.to(y_ptr.dtype.element_ty), mask=keep)
+        pok = iok & (i * 0 + row < N)
+        xa = tl.load(x_ptr + row * D + ia, mask=pok, other=0.0).to(tl.float32)
+        xb = tl.load(x_ptr + row * D + ib, mask=pok, other=0.0).to(tl.float32)
+        a = _normed(xa, rstd, w_ptr, ia, pok, HAS_W)
+        b = _normed(xb, rstd, w_ptr, ib, pok, HAS_W)
+        a = a.to(y_ptr.dtype.element_ty).to(tl.float32)
+        b = b.to(y_ptr.dtype.element_ty).to(tl.float32)
+        p = tl.load(pos_ptr + tl.minimum(row, N - 1) // H)  # a row past N stores nothing
+        cs = tl.load(cos_ptr + p * HALF + i, mask=iok, other=0.0)
+        sn = tl.load(sin_ptr + p * HALF + i, mask=iok, other=0.0)
+        tl.store(y_ptr + row * D + ia, (a * cs - b * sn).to(y_ptr.dtype.element_ty), mask=pok)
+        tl.store(y_ptr + row * D + ib, (a * sn + b * cs).to(y_ptr.dtype.element_ty), mask=pok)
+
+
+# rows a program normalises and rotates in rms_norm_rope's one launch; SHUILI_NVIDIA_NORM_ROPE_ROWS
+# is for benchmarks/nvidia_kernels.py's A/B (the bits do not depend on it)
+NORM_ROPE_ROWS = int(os.environ.get("SHUILI_NVIDIA_NORM_ROPE_ROWS", "1"))
 
 
 def rms_norm_rope(x, weight, eps, positions, cos, sin, rope_dim, interleaved=True):
@@ -184,9 +194,10 @@ def _fused(x, weight, eps, positions, cos, sin, rope_dim, interleaved):
     x = x.contiguous()
     y = torch.empty_like(x)
     if t * h:
-        _rms_rope_kernel[(t * h,)](x, weight if weight is not None else x, y, positions.contiguous(),
-                                   cos.float().contiguous(), sin.float().contiguous(), h, d, rope_dim,
-                                   rope_dim // 2, float(eps), BLOCK=pow2(d), HP=pow2(rope_dim // 2),
-                                   HAS_W=weight is not None, INTERLEAVED=interleaved,
-                                   num_warps=4 if d <= 4096 else 8)
+        rb = NORM_ROPE_ROWS
+        _rms_rope_kernel[(triton.cdiv(t * h, rb),)](
+            x, weight if weight is not None else x, y, positions.contiguous(), cos.float().contiguous(),
+            sin.float().contiguous(), t * h, h, d, rope_dim, rope_dim // 2, float(eps), BLOCK=pow2(d),
+            HP=pow2(rope_dim // 2), HAS_W=weight is not None, INTERLEAVED=interleaved, RB=rb,
+            num_warps=4 if d <= 4096 else 8)
     return y

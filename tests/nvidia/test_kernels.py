@@ -140,9 +140,11 @@ def test_rope_may_overwrite(device, dtype, tokens, monkeypatch):
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("h,d,rope_dim,weighted",
                          [(16, 512, 64, False), (1, 512, 64, True), (3, 96, 96, True)])
-def test_rms_norm_rope(device, dtype, interleaved, h, d, rope_dim, weighted):
-    """The bits of rms_norm then rope on this platform (one launch for 16-bit rows); the reference's
-    values."""
+@pytest.mark.parametrize("rows", [1, 3])
+def test_rms_norm_rope(device, dtype, interleaved, h, d, rope_dim, weighted, rows, monkeypatch):
+    """The bits of rms_norm then rope on this platform (one launch for 16-bit rows, `rows` rows a
+    program: 5 h rows, so 3 leaves a ragged last program); the reference's values."""
+    monkeypatch.setattr(norm_rope, "NORM_ROPE_ROWS", rows)
     half = rope_dim // 2
     ang = torch.arange(64, dtype=torch.float64)[:, None] / 10000 ** (torch.arange(half) * 2 / rope_dim)
     cos, sin = ang.cos().float(), ang.sin().float()
