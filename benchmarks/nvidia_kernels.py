@@ -204,17 +204,12 @@ def run(args):
         record("rope T8192 H16 D512 r64", bench(lambda: norm_rope.rope(xr, pos, cs, cs, 64)), 2 * xr.numel() * 2)
         # in place (HAL 1.11's may_overwrite, V4's attention output): the rotated 64 channels alone; a 4k
         # prefill's profile (H100, 2026-12-07) put this at ~120 us a launch, far from its bytes
-        # SHUILI_NVIDIA_ROPE_TOKENS=BT: tokens a program rotates in place (norm_rope.ROPE_TOKENS), timed here
-        # at 1, 4 and 16 with the indexer's q shape beside V4's attention output
+        # in place (HAL 1.11's may_overwrite): V4's attention output and the indexer's q, 64 rope channels
         xq = torch.randn(8192, 32, 128, device=DEV, dtype=BF)
-        keep = norm_rope.ROPE_TOKENS
-        for bt in (1, 4, 16):
-            norm_rope.ROPE_TOKENS = bt
-            record(f"rope T8192 H16 D512 r64 in place BT{bt}", graph_bench(
-                lambda: norm_rope.rope(xr, pos, cs, cs, 64, may_overwrite=True)), 2 * 8192 * 16 * 64 * 2)
-            record(f"rope T8192 H32 D128 r64 in place BT{bt}", graph_bench(
-                lambda: norm_rope.rope(xq, pos, cs, cs, 64, may_overwrite=True)), 2 * 8192 * 32 * 64 * 2)
-        norm_rope.ROPE_TOKENS = keep
+        record("rope T8192 H16 D512 r64 in place", graph_bench(
+            lambda: norm_rope.rope(xr, pos, cs, cs, 64, may_overwrite=True)), 2 * 8192 * 16 * 64 * 2)
+        record("rope T8192 H32 D128 r64 in place", graph_bench(
+            lambda: norm_rope.rope(xq, pos, cs, cs, 64, may_overwrite=True)), 2 * 8192 * 32 * 64 * 2)
         # rms_norm_rope at V4's q (SHUILI_NVIDIA_NORM_ROPE_ROWS: rows a program), graph-replayed
         keep = norm_rope.NORM_ROPE_ROWS
         for rb in (1, 4, 16):

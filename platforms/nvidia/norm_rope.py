@@ -83,37 +83,62 @@ def _pairs(D, R, HALF, HP: tl.constexpr, INTERLEAVED: tl.constexpr):
 
 
 @triton.jit
-def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, T, H, D, R, HALF, HP: tl.constexpr,
+def _rotate(a, b, cs, sn):
+    """Pair (a, b) rotated by the angle of (cs, sn): one expression for rope and rms_norm_rope."""
+    return a * cs - b * sn, a * sn + b * cs
+
+
+@triton.jit
+def _split_pairs(v, BH: tl.constexpr, HP: tl.constexpr):
+    """v [BH, 2 HP], interleaved pairs in contiguous channels -> (a, b) [BH, HP]. Loading the rope
+    channels as one run and splitting them in registers: an H100's ncu (2026-12-08) found the
+    rotation bound by the L2's request rate with every other 2-byte channel loaded and stored alone
+    (71-81% L2 throughput, 6-9% DRAM)."""
+    return tl.split(tl.reshape(v, (BH, HP, 2)))
+
+
+@triton.jit
+def _join_pairs(a, b, BH: tl.constexpr, HP: tl.constexpr):
+    """_split_pairs undone: (a, b) [BH, HP] -> [BH, 2 HP] interleaved."""
+    return tl.reshape(tl.join(a, b), (BH, 2 * HP))
+
+
+@triton.jit
+def _rope_kernel(x_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, H, D, R, HALF, HP: tl.constexpr,
                  BH: tl.constexpr, BD: tl.constexpr, INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr,
-                 COPY: tl.constexpr = True, BT: tl.constexpr = 1):
-    """Tokens BT*p .. BT*p + BT - 1, heads BH*q .. of x [T, H, D]. COPY=False: y is x (rotated in
-    place), so the pass-through channels are left where they lie."""
+                 COPY: tl.constexpr = True):
+    """Token t's heads BH*q .. of x [T, H, D]. COPY=False: y is x (rotated in place), so the
+    pass-through channels are left where they lie."""
+    t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
+    hok = h < H
+    base = x_ptr + t * H * D + h[:, None] * D
+    obase = y_ptr + t * H * D + h[:, None] * D
+    if COPY:
+        c = tl.arange(0, BD)
+        keep = hok[:, None] & (c[None, :] < D - R)
+        tl.store(obase + c[None, :], tl.load(base + c[None, :], mask=keep), mask=keep)
     i, iok, ia, ib = _pairs(D, R, HALF, HP, INTERLEAVED)
-    for j in tl.static_range(BT):
-        t = tl.program_id(0).to(tl.int64) * BT + j
-        hok = (h < H) & (h * 0 + t < T)  # a vector compare: the interpreter masks with no 0-d bool
-        base = x_ptr + t * H * D + h[:, None] * D
-        obase = y_ptr + t * H * D + h[:, None] * D
-        if COPY:
-            c = tl.arange(0, BD)
-            keep = hok[:, None] & (c[None, :] < D - R)
-            tl.store(obase + c[None, :], tl.load(base + c[None, :], mask=keep), mask=keep)
-        p = tl.load(pos_ptr + tl.minimum(t, T - 1))  # a token past T stores nothing
-        cs = tl.load(cos_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
-        sn = tl.load(sin_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
-        if INVERSE:
-            sn = -sn
+    p = tl.load(pos_ptr + t)
+    cs = tl.load(cos_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
+    sn = tl.load(sin_ptr + p * HALF + i, mask=iok, other=0.0)[None, :]
+    if INVERSE:
+        sn = -sn
+    if INTERLEAVED:
+        c2 = D - R + tl.arange(0, 2 * HP)
+        m2 = hok[:, None] & (c2 < D)[None, :]
+        v = tl.load(base + c2[None, :], mask=m2, other=0.0).to(tl.float32)
+        a, b = _split_pairs(v, BH, HP)
+        ya, yb = _rotate(a, b, cs, sn)
+        out = _join_pairs(ya.to(y_ptr.dtype.element_ty), yb.to(y_ptr.dtype.element_ty), BH, HP)
+        tl.store(obase + c2[None, :], out, mask=m2)
+    else:
         m = hok[:, None] & iok[None, :]
         a = tl.load(base + ia[None, :], mask=m, other=0.0).to(tl.float32)
         b = tl.load(base + ib[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(obase + ia[None, :], (a * cs - b * sn).to(y_ptr.dtype.element_ty), mask=m)
-        tl.store(obase + ib[None, :], (a * sn + b * cs).to(y_ptr.dtype.element_ty), mask=m)
-
-
-# tokens a program rotates in place (rope's copying launch keeps one: its tile is the whole row).
-# SHUILI_NVIDIA_ROPE_TOKENS is for benchmarks/nvidia_kernels.py's A/B; the bits do not depend on it
-ROPE_TOKENS = int(os.environ.get("SHUILI_NVIDIA_ROPE_TOKENS", "1"))
+        ya, yb = _rotate(a, b, cs, sn)
+        tl.store(obase + ia[None, :], ya.to(y_ptr.dtype.element_ty), mask=m)
+        tl.store(obase + ib[None, :], yb.to(y_ptr.dtype.element_ty), mask=m)
 
 
 def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False, *, may_overwrite=False):
@@ -127,11 +152,10 @@ def rope(x, positions, cos, sin, rope_dim, interleaved=True, inverse=False, *, m
     y = x if inplace else torch.empty_like(x)
     if t:
         bh = min(pow2(h), 16)
-        bt = ROPE_TOKENS if inplace else 1
-        _rope_kernel[(triton.cdiv(t, bt), triton.cdiv(h, bh))](
-            x, y, positions.contiguous(), cos.float().contiguous(), sin.float().contiguous(), t, h, d,
+        _rope_kernel[(t, triton.cdiv(h, bh))](
+            x, y, positions.contiguous(), cos.float().contiguous(), sin.float().contiguous(), h, d,
             rope_dim, half, HP=pow2(half), BH=bh, BD=pow2(d), INTERLEAVED=interleaved, INVERSE=inverse,
-            COPY=not inplace, BT=bt)
+            COPY=not inplace)
     return y
 
 
@@ -147,6 +171,7 @@ def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, N, H, D, R,
     same expression), so no value crosses threads."""
     c = tl.arange(0, BLOCK)
     i, iok, ia, ib = _pairs(D, R, HALF, HP, INTERLEAVED)
+    c2 = D - R + tl.arange(0, 2 * HP)
     for j in tl.static_range(RB):
         row = tl.program_id(0).to(tl.int64) * RB + j
         live = c * 0 + row < N  # a vector compare: the interpreter masks with no 0-d bool
@@ -157,23 +182,36 @@ def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, N, H, D, R,
         y = _normed(xf, rstd, w_ptr, c, ok, HAS_W)
         keep = (c < D - R) & live
         tl.store(y_ptr + row * D + c, y.to(y_ptr.dtype.element_ty), mask=keep)
-        pok = iok & (i * 0 + row < N)
-        xa = tl.load(x_ptr + row * D + ia, mask=pok, other=0.0).to(tl.float32)
-        xb = tl.load(x_ptr + row * D + ib, mask=pok, other=0.0).to(tl.float32)
-        a = _normed(xa, rstd, w_ptr, ia, pok, HAS_W)
-        b = _normed(xb, rstd, w_ptr, ib, pok, HAS_W)
-        a = a.to(y_ptr.dtype.element_ty).to(tl.float32)
-        b = b.to(y_ptr.dtype.element_ty).to(tl.float32)
         p = tl.load(pos_ptr + tl.minimum(row, N - 1) // H)  # a row past N stores nothing
         cs = tl.load(cos_ptr + p * HALF + i, mask=iok, other=0.0)
         sn = tl.load(sin_ptr + p * HALF + i, mask=iok, other=0.0)
-        tl.store(y_ptr + row * D + ia, (a * cs - b * sn).to(y_ptr.dtype.element_ty), mask=pok)
-        tl.store(y_ptr + row * D + ib, (a * sn + b * cs).to(y_ptr.dtype.element_ty), mask=pok)
+        if INTERLEAVED:
+            ok2 = (c2 < D) & (c2 * 0 + row < N)
+            v = tl.load(x_ptr + row * D + c2, mask=ok2, other=0.0).to(tl.float32)
+            v = _normed(v, rstd, w_ptr, c2, ok2, HAS_W).to(y_ptr.dtype.element_ty).to(tl.float32)
+            a, b = _split_pairs(v[None, :], 1, HP)
+            ya, yb = _rotate(a, b, cs[None, :], sn[None, :])
+            out = _join_pairs(ya.to(y_ptr.dtype.element_ty), yb.to(y_ptr.dtype.element_ty), 1, HP)
+            tl.store(y_ptr + row * D + c2[None, :], out, mask=ok2[None, :])
+        else:
+            pok = iok & (i * 0 + row < N)
+            xa = tl.load(x_ptr + row * D + ia, mask=pok, other=0.0).to(tl.float32)
+            xb = tl.load(x_ptr + row * D + ib, mask=pok, other=0.0).to(tl.float32)
+            a = _normed(xa, rstd, w_ptr, ia, pok, HAS_W)
+            b = _normed(xb, rstd, w_ptr, ib, pok, HAS_W)
+            a = a.to(y_ptr.dtype.element_ty).to(tl.float32)
+            b = b.to(y_ptr.dtype.element_ty).to(tl.float32)
+            ya, yb = _rotate(a, b, cs, sn)
+            tl.store(y_ptr + row * D + ia, ya.to(y_ptr.dtype.element_ty), mask=pok)
+            tl.store(y_ptr + row * D + ib, yb.to(y_ptr.dtype.element_ty), mask=pok)
 
 
-# rows a program normalises and rotates in rms_norm_rope's one launch; SHUILI_NVIDIA_NORM_ROPE_ROWS
-# is for benchmarks/nvidia_kernels.py's A/B (the bits do not depend on it)
-NORM_ROPE_ROWS = int(os.environ.get("SHUILI_NVIDIA_NORM_ROPE_ROWS", "1"))
+# rows a program normalises and rotates in rms_norm_rope's one launch, from NORM_ROPE_MIN_ROWS rows
+# (a prefill's q; a decode step's rows stay one a program, its launches being short). On an H100
+# (2026-12-08, nvidia_kernels.py, V4's q at 8,192 tokens) 4 rows took 120.6 us, 1 and 16 rows 143.
+# SHUILI_NVIDIA_NORM_ROPE_ROWS is for the benchmark's A/B; each row's math, so its bits, never change
+NORM_ROPE_ROWS = int(os.environ.get("SHUILI_NVIDIA_NORM_ROPE_ROWS", "4"))
+NORM_ROPE_MIN_ROWS = 16384
 
 
 def rms_norm_rope(x, weight, eps, positions, cos, sin, rope_dim, interleaved=True):
@@ -194,7 +232,7 @@ def _fused(x, weight, eps, positions, cos, sin, rope_dim, interleaved):
     x = x.contiguous()
     y = torch.empty_like(x)
     if t * h:
-        rb = NORM_ROPE_ROWS
+        rb = NORM_ROPE_ROWS if t * h >= NORM_ROPE_MIN_ROWS else 1
         _rms_rope_kernel[(triton.cdiv(t * h, rb),)](
             x, weight if weight is not None else x, y, positions.contiguous(), cos.float().contiguous(),
             sin.float().contiguous(), t * h, h, d, rope_dim, rope_dim // 2, float(eps), BLOCK=pow2(d),
