@@ -202,9 +202,8 @@ def run(args):
         pos = torch.randint(0, 4096, (8192,), device=DEV)
         cs = torch.randn(4096, 32, device=DEV)
         record("rope T8192 H16 D512 r64", bench(lambda: norm_rope.rope(xr, pos, cs, cs, 64)), 2 * xr.numel() * 2)
-        # in place (HAL 1.11's may_overwrite, V4's attention output): the rotated 64 channels alone; a 4k
-        # prefill's profile (H100, 2026-12-07) put this at ~120 us a launch, far from its bytes
         # in place (HAL 1.11's may_overwrite): V4's attention output and the indexer's q, 64 rope channels
+        # alone (77 and 154 us on an H100 on 2026-12-08 with pairs loaded a channel at a time: L2-request bound)
         xq = torch.randn(8192, 32, 128, device=DEV, dtype=BF)
         record("rope T8192 H16 D512 r64 in place", graph_bench(
             lambda: norm_rope.rope(xr, pos, cs, cs, 64, may_overwrite=True)), 2 * 8192 * 16 * 64 * 2)

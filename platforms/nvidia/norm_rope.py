@@ -208,7 +208,8 @@ def _rms_rope_kernel(x_ptr, w_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, N, H, D, R,
 
 # rows a program normalises and rotates in rms_norm_rope's one launch, from NORM_ROPE_MIN_ROWS rows
 # (a prefill's q; a decode step's rows stay one a program, its launches being short). On an H100
-# (2026-12-08, nvidia_kernels.py, V4's q at 8,192 tokens) 4 rows took 120.6 us, 1 and 16 rows 143.
+# (2026-12-08, nvidia_kernels.py, V4's q at 8,192 tokens, the kernel before its contiguous rope loads)
+# 4 rows took 120.6 us, 1 and 16 rows 143; not yet timed with those loads.
 # SHUILI_NVIDIA_NORM_ROPE_ROWS is for the benchmark's A/B; each row's math, so its bits, never change
 NORM_ROPE_ROWS = int(os.environ.get("SHUILI_NVIDIA_NORM_ROPE_ROWS", "4"))
 NORM_ROPE_MIN_ROWS = 16384

@@ -140,7 +140,8 @@ def test_rope_may_overwrite(device, dtype):
 @pytest.mark.parametrize("rows", [1, 3])
 def test_rms_norm_rope(device, dtype, interleaved, h, d, rope_dim, weighted, rows, monkeypatch):
     """The bits of rms_norm then rope on this platform (one launch for 16-bit rows, `rows` rows a
-    program: 5 h rows, so 3 leaves a ragged last program); the reference's values."""
+    program: 5 tokens of h heads, so 3 leaves a ragged last program at h = 1 and 16); the
+    reference's values."""
     monkeypatch.setattr(norm_rope, "NORM_ROPE_ROWS", rows)
     monkeypatch.setattr(norm_rope, "NORM_ROPE_MIN_ROWS", 1)
     half = rope_dim // 2
