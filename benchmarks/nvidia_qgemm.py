@@ -11,6 +11,7 @@ over the 4.8 TB/s datasheet rate. Each shape is checked against a float32 torch 
     python benchmarks/nvidia_qgemm.py [--json out.json] [--sweep] [--quick]
     python benchmarks/nvidia_qgemm.py --sweep-moe | --moe-ab    (MoE tile knobs, qgemm.MOE_TILES)
     python benchmarks/nvidia_qgemm.py --sweep-moe-dense 4096    (the dense experts' tiles at many rows)
+    python benchmarks/nvidia_qgemm.py --moe-dense-configs 8192  (their row tile with both GEMMs' tiles)
     python benchmarks/nvidia_qgemm.py --asm-ab                  (mxfp4 decode: inline PTX vs float32)
     python benchmarks/nvidia_qgemm.py --scale-ab                (mxfp4 scales: row- vs K-group-major)
     python benchmarks/nvidia_qgemm.py --korder-ab               (mxfp4 bf16 tiles: K order vs even/odd)
@@ -285,6 +286,46 @@ def sweep_moe(bw, t=64, candidates=None, dense=False):
     return out
 
 
+# (row tile, GEMM1 tile, GEMM2 tile) of default mode's MoE on dense bf16 experts: the chosen
+# configuration first, then 128-row tiles (qgemm.DENSE_MOE_BM), whose accumulators fit 8 warps at
+# up to 256 columns (GEMM1's gate and up tiles count twice)
+DENSE_MOE_CONFIGS = [
+    (64, (256, 64, 8, 3), (256, 64, 4, 3)),
+    (128, (128, 64, 8, 3), (256, 64, 8, 3)),
+    (128, (128, 64, 8, 3), (128, 64, 8, 3)),
+    (128, (128, 64, 8, 2), (256, 64, 8, 2)),
+    (128, (64, 64, 8, 3), (128, 64, 4, 3)),
+    (128, (64, 64, 4, 4), (128, 64, 8, 4)),
+    (128, (128, 32, 8, 4), (256, 32, 8, 4)),
+    (128, (128, 64, 8, 4), (128, 64, 8, 4)),
+]
+
+
+def moe_dense_configs(t, configs=DENSE_MOE_CONFIGS):
+    """Default-mode MoE on dense bf16 experts at T tokens under each (BM, GEMM1 tile, GEMM2 tile),
+    CUDA-graph replays over two weight copies; outputs against the first configuration's."""
+    keep = (qgemm.DENSE_MOE_BM, dict(qgemm.DENSE_MOE_TILES))
+    ws = bf16_moe_weights()
+    x, ids, wts = moe_inputs(t)
+    e, k, d, inter = MOE
+    flops = 2 * t * k * 3 * d * inter  # the contract's: GEMM2's hi/lo second dot not counted
+    ref, first = None, None
+    for bm, g1, g2 in configs:
+        qgemm.DENSE_MOE_BM, qgemm.DENSE_MOE_TILES = bm, {"gemm1": g1, "gemm2": g2}
+        try:
+            out = gemm.moe_experts(x, ids, wts, *ws[0], 10.0).float()
+            tm = graph_time([lambda p=p: gemm.moe_experts(x, ids, wts, p[0], p[1], 10.0) for p in ws])
+        except Exception as exc:  # noqa: BLE001 (out of resources: record and go on)
+            print(f"moe-dense T{t} BM{bm} {g1} {g2}: {type(exc).__name__}", flush=True)
+            continue
+        finally:
+            qgemm.DENSE_MOE_BM, qgemm.DENSE_MOE_TILES = keep[0], dict(keep[1])
+        ref = out if ref is None else ref
+        first = tm if first is None else first
+        print(f"moe-dense T{t} BM{bm} gemm1 {g1} gemm2 {g2}: {tm * 1e6:8.1f} us, {flops / tm / 1e12:6.1f} "
+              f"TFLOP/s, {first / tm:5.2f}x, rel err vs first {rel(out, ref):.1e}", flush=True)
+
+
 # the H200 sweep's best pair at T64 (2026-12-05), timed against the generic tile by --moe-ab
 SWEPT_PAIR = {"gemm1": (32, 64, 4, 3), "gemm2": (128, 64, 4, 3)}
 
@@ -498,6 +539,8 @@ if __name__ == "__main__":
     ap.add_argument("--sweep-moe", action="store_true", help="only the MoE tile sweep (qgemm.MOE_TILES candidates)")
     ap.add_argument("--sweep-moe-dense", type=int, default=0, metavar="T", help="only the dense experts' "
                     "tile sweep at T tokens (bf16 experts, many rows an expert: qgemm.DENSE_MOE_TILES)")
+    ap.add_argument("--moe-dense-configs", type=int, default=0, metavar="T", help="only the dense "
+                    "experts' (row tile, GEMM1 tile, GEMM2 tile) configurations at T tokens (DENSE_MOE_CONFIGS)")
     ap.add_argument("--moe-ab", action="store_true", help="only qgemm.MOE_TILES against the generic tile")
     ap.add_argument("--moe-once", type=int, default=0, metavar="T",
                     help="only three plain calls of the MoE at T tokens (mxfp4, default mode), for a "
@@ -526,6 +569,9 @@ if __name__ == "__main__":
         raise SystemExit(0)
     if a.prep_sweep:
         prep_sweep()
+        raise SystemExit(0)
+    if a.moe_dense_configs:
+        moe_dense_configs(a.moe_dense_configs)
         raise SystemExit(0)
     bw = copy_rate()
     # the A/B modes: each runs alone

@@ -76,6 +76,11 @@ MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (32, 64, 4, 3), "gemm2": (128,
 # bf16 experts, 768 rows an expert): this pair 981 us against 1774 on the generic 64 x 64 x 64 tile,
 # the same outputs (BK stays 64); GEMM2 alone 1078 at BN 256, GEMM1 alone 1677
 DENSE_MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (256, 64, 8, 3), "gemm2": (256, 64, 4, 3)}
+# the row tile of those launches (the tile map's, so both GEMMs'), where group_bm gives MAX_BM: 128
+# rows with 48-64 KB of operands a stage fit three stages; DENSE_MOE_TILES' 256 columns at 128 rows
+# would hold 256 float32 accumulators a thread, so 128 goes with narrower tiles
+# (benchmarks/nvidia_qgemm.py --moe-dense-configs times the pairs)
+DENSE_MOE_BM = int(os.environ.get("SHUILI_NVIDIA_DENSE_MOE_BM", str(MAX_BM)))
 # bf16 activations decode mxfp4 weights with quant.e2m1_bf16_x8 (PTX byte permutes, bf16 multiplies) on
 # the GPU: the same bits as the float32 decode (quant.e2m1_x8), which SHUILI_NVIDIA_ASM_E2M1=0 and the
 # interpreter take. On an H100 (2026-12-06, nvidia_qgemm.py --asm-ab) the MoE at T1 1.15x, T16 1.05x,
@@ -473,12 +478,14 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     flat = topk_ids.reshape(-1).to(torch.int64)
     check(flat, in_range(0, e), f"moe_experts: topk_ids must lie in [0, {e})")
     bm = group_bm(t * k, e, batch_invariant)
-    order, _, tiles = moe_prep(flat, e, bm)
     if batch_invariant:
         tiles_of = {}
     else:
         dense_bf16 = w13.format == "dense" and x.dtype == torch.bfloat16  # float32 tiles need 2x the smem
         tiles_of = MOE_TILES if bm == 16 else DENSE_MOE_TILES if dense_bf16 else {}
+        if dense_bf16 and bm == MAX_BM:
+            bm = DENSE_MOE_BM
+    order, _, tiles = moe_prep(flat, e, bm)
     tile1, tile2 = tiles_of.get("gemm1"), tiles_of.get("gemm2")
     inter = w13.shape[1] // 2
     hilo = x.dtype != torch.float32

@@ -471,8 +471,9 @@ def test_block_diagonal_many_rows_takes_the_dense_copy(device, fmt, dtype, monke
 
 
 def test_dense_moe_tiles_reach_the_dense_launches(device, monkeypatch):
-    """qgemm.DENSE_MOE_TILES sets the dense experts' launches at many rows (64-row tiles, bf16), within
-    tolerance of the reference; batch-invariant launches and float32 activations never read it."""
+    """qgemm.DENSE_MOE_TILES and DENSE_MOE_BM set the dense experts' launches at many rows (64-row
+    tiles, or DENSE_MOE_BM's; bf16), within tolerance of the reference; batch-invariant launches and
+    float32 activations never read them."""
     t, e, k, d, inter = 40, 2, 2, 64, 32  # 40 rows an expert: 64-row tiles
     ids = torch.stack([torch.randperm(e, generator=g(240 + i))[:k] for i in range(t)]).to(device)
     wts = torch.softmax(rnd(t, k, seed=71), -1).to(device)
@@ -487,10 +488,14 @@ def test_dense_moe_tiles_reach_the_dense_launches(device, monkeypatch):
     monkeypatch.setattr(qgemm, "DENSE_MOE_TILES", {"gemm1": (64, 32, 4, 2), "gemm2": (32, 64, 4, 2)})
     got = qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, False)
     assert seen == [(64, (64, 32, 4, 2)), (64, (32, 64, 4, 2))] and rel(got, want) < TOL[torch.bfloat16]
+    seen.clear()  # qgemm.DENSE_MOE_BM: the tile map's rows, so both launches'
+    monkeypatch.setattr(qgemm, "DENSE_MOE_BM", 128)
+    got = qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, False)
+    assert [bm for bm, _ in seen] == [128, 128] and rel(got, want) < TOL[torch.bfloat16]
     seen.clear()
     qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, True)
-    assert [tile for _, tile in seen] == [None, None]
+    assert seen == [(qgemm.BI_GROUP_BM, None)] * 2
     seen.clear()  # float32 activations: the tiles were chosen for bf16 (shared memory)
     qgemm.moe_experts(x.float(), ids, wts, on(w13, device, torch.float32), on(w2, device, torch.float32), 1.5,
                       False)
-    assert [tile for _, tile in seen] == [None, None]
+    assert seen == [(64, None)] * 2
