@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from shuili.platforms.nvidia.common import cdiv, interpreting, num_sms, pow2
-from shuili.platforms.nvidia import dequant, quant
+from shuili.platforms.nvidia import dequant, quant, sparse_group
 from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, split_rows
 
 BI_SPLIT = 1024  # kv positions per split in batch-invariant mode
@@ -509,6 +509,8 @@ def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None, *, batc
     q = q.contiguous()
     sk = sinks.float().contiguous() if sinks is not None else None
     direct = _direct(t, cdiv(h, bh), len(caches), q.device, batch_invariant)
+    if sparse_group.applies(t, q, [c[1] for c in caches], fmts, direct):
+        return sparse_group.sparse_attention(q, [c[0] for c in caches], [c[1] for c in caches], scale, sk, bh)
     ns = 1 if direct else sum(c[3] for c in caches)
     pm, pl, pacc = (out, out, out) if direct else _partials(t, h, ns, d, q.device)
     p0 = 0

@@ -7,7 +7,7 @@ import torch
 from shuili.hal.types import Weight
 from shuili.platforms.reference.ops import OPS as REF
 from shuili.platforms.nvidia import (attention, common, compress, gemm, indexer, mhc, misc, moe, norm_rope, quant,
-                                     sampling)
+                                     sampling, sparse_group)
 
 DTYPES = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else [])
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
@@ -496,6 +496,78 @@ def test_sparse_attention_direct(device, monkeypatch, fmts, dtype):
     sparse_run(device, q, kv, idx, s, fmts, dtype, batch_invariant=True)
     sparse_run(device, q[:many - 1], kv, [i[:many - 1] for i in idx], s, fmts, dtype)
     assert combines == [1, 1]
+
+
+def grouped_case(t, d, ncache, seed=7, slots=256):
+    """Index rows as a prefill makes them: a window of 10 consecutive slots a token (the first two
+    tokens' partly -1), 12 picks a token from 24 shared slots (token 5 lists one twice; token 9's
+    spread over the pool, so its group takes the rows one after the other), and as a third cache 3
+    entries every token from the fourth sees; token 13 has no entry in any cache."""
+    win = torch.arange(10)[None, :] + torch.arange(t)[:, None]
+    win[:2, :3] = -1
+    sel = torch.randint(0, 24, (t, 12), generator=g(seed))
+    sel[torch.rand(t, 12, generator=g(seed + 1)) < 0.2] = -1
+    sel[5, :2] = 7
+    sel[9] = torch.randint(0, slots, (12,), generator=g(seed + 2))
+    third = torch.arange(3)[None, :].repeat(t, 1)
+    third[:3] = -1
+    idx = [win, sel, third][:ncache]
+    for i in idx:
+        i[13] = -1
+    kv = [rnd(slots, d, seed=seed + 3 + c).view(-1, 16, d) for c in range(ncache)]
+    return rnd(t, 4, d, seed=seed + 9), kv, [i.to(torch.int32) for i in idx], rnd(4, seed=seed + 10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ncache", [2, 3])
+def test_sparse_attention_groups(device, monkeypatch, dtype, ncache):
+    """Default mode at direct sizes from sparse_group.MIN_TOKENS tokens: TOKENS tokens a program over
+    the columns their rows share (dense slot ranges, or the rows one after the other where a group's
+    slots spread), within tolerance of the reference, with sinks and without. A slot a row lists
+    twice counts twice; a token with no entry gives zeros or the sink alone; trailing -1 columns and
+    a second run leave every bit unchanged; batch-invariant mode and fewer tokens keep the kernel
+    before it."""
+    monkeypatch.setattr(attention, "DIRECT_WAVES", 1)
+    monkeypatch.setattr(sparse_group, "DTYPES", (dtype,))  # float32: the interpreter has no bf16
+    calls, run = [], sparse_group.sparse_attention
+    monkeypatch.setattr(sparse_group, "sparse_attention", lambda *a: calls.append(1) or run(*a))
+    t = max(23, attention.num_sms(device) + 3)  # one head block: the direct path's sizes, a ragged group
+    monkeypatch.setattr(sparse_group, "MIN_TOKENS", t)
+    q, kv, idx, s = grouped_case(t, 64, ncache)
+    fmts = ["none"] * ncache
+    pad = [torch.cat([i, torch.full((t, 45), -1, dtype=torch.int32)], 1) for i in idx]
+    for sinks in (s, None):
+        got = sparse_run(device, q, kv, idx, sinks, fmts, dtype)
+        want = REF["sparse_attention"](q, kv, idx, 64 ** -0.5, sinks, fmts)
+        assert rel(got, want) < TOL[dtype]
+        assert torch.equal(bits(sparse_run(device, q, kv, pad, sinks, fmts, dtype)), bits(got))
+        assert torch.equal(bits(sparse_run(device, q, kv, idx, sinks, fmts, dtype)), bits(got))
+    assert len(calls) == 6
+    sparse_run(device, q, kv, idx, s, fmts, dtype, batch_invariant=True)
+    sparse_run(device, q[:t - 1], kv, [i[:t - 1] for i in idx], s, fmts, dtype)
+    assert len(calls) == 6
+
+
+def test_sparse_group_columns(device):
+    """_columns_kernel's columns and counts: a dense slot range with each token's count of each slot
+    (a slot listed twice counts 2), and a group whose slots spread wider than its entries taking its
+    rows one after the other, each token counting its own valid columns once."""
+    idx = torch.tensor([[4, 5, 6, -1], [5, 6, 7, 7], [6, 7, 8, -1], [-1, -1, -1, -1],
+                        [0, 90, -1, -1], [3, -1, -1, -1]], dtype=torch.int32, device=device)
+    tok, lp = sparse_group.TOKENS, 4
+    w = tok * lp
+    cols = torch.empty(2, w, dtype=torch.int32, device=device)
+    cnt = torch.empty(6, w, dtype=torch.uint8, device=device)
+    ncols = torch.empty(2, dtype=torch.int32, device=device)
+    sparse_group._columns_kernel[(2,)](idx, cols, cnt, ncols, 6, 4, TOK=tok, LP=lp)
+    assert ncols.tolist() == [5, lp + 1]
+    assert cols[0, :5].tolist() == [4, 5, 6, 7, 8] and (cols[0, 5:] == -1).all()
+    assert cnt[:4, :5].tolist() == [[1, 1, 1, 0, 0], [0, 1, 1, 2, 0], [0, 0, 1, 1, 1], [0] * 5]
+    assert (cnt[:4, 5:] == 0).all()
+    assert cols[1, :lp].tolist() == [0, 90, -1, -1] and cols[1, lp:2 * lp].tolist() == [3, -1, -1, -1]
+    own = torch.zeros(2, w, dtype=torch.uint8)
+    own[0, :2] = own[1, lp] = 1
+    assert torch.equal(cnt[4:].cpu(), own)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
