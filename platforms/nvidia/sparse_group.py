@@ -16,8 +16,11 @@ one Hopper warpgroup MMA) over the columns their index rows share:
   power of two), each token counting only its own row's (no row is shared, no work is saved).
 - _group_kernel, one program per (group, head block): the softmax state of its TOKENS x BH rows
   carried over every cache's columns in order; a column a token does not count is -inf in that
-  token's rows, a block of columns no token counts is skipped (it would leave the state's bits
-  as they are), and the output is written with the sinks folded in, as the direct path does.
+  token's rows (a column no token counts loads as zeros: a slot in a dense range may belong to
+  another sequence, or never have been written), and the output is written with the sinks folded
+  in, as the direct path does. No step is skipped: a branch around the step kept Triton from
+  pipelining the row loads (no cp.async in the sm_90 SASS), and in a dense CSA range a block of 32
+  slots that none of four tokens selects is rare.
 
 Determinism: each token's keys are summed in the columns' order (slot order in the dense case),
 fixed by its group's index rows, so bits depend on which tokens share a group, that is on T:
@@ -119,18 +122,17 @@ def _group_cache(qt, m, l, acc, kv_ptr, cols_ptr, cnt_ptr, ncols_ptr, g, tok, to
         cnt = tl.load(cnt_ptr + tok[None, :] * W + c[:, None], mask=tok_ok[None, :] & (c < n)[:, None],
                       other=0).to(tl.float32)  # [BL, TOK]
         live = tl.max(cnt, 1) > 0  # [BL]: some token counts the column
-        if tl.max(live.to(tl.int32), 0) > 0:
-            kv = tl.load(kv_ptr + slot[:, None].to(tl.int64) * ROW + d[None, :],
-                         mask=live[:, None] & dok[None, :], other=0.0).to(qt.dtype)  # [BL, DP]
-            rc = tl.reshape(tl.broadcast_to(cnt[:, :, None], (BL, TOK, BH)), (BL, M))  # a row's token's counts
-            sc = _dot(kv, qt, F32) * scale  # [BL, M]
-            sc = tl.where(rc > 0, sc, float("-inf"))
-            m_new = tl.maximum(m, tl.max(sc, axis=0))
-            alpha = tl.exp(m - m_new)
-            pr = tl.exp(sc - m_new[None, :]) * rc
-            l = l * alpha + tl.sum(pr, axis=0)
-            acc = acc * alpha[None, :] + _dot(tl.trans(kv), pr.to(kv.dtype), F32)
-            m = m_new
+        kv = tl.load(kv_ptr + slot[:, None].to(tl.int64) * ROW + d[None, :],
+                     mask=live[:, None] & dok[None, :], other=0.0).to(qt.dtype)  # [BL, DP]
+        rc = tl.reshape(tl.broadcast_to(cnt[:, :, None], (BL, TOK, BH)), (BL, M))  # a row's token's counts
+        sc = _dot(kv, qt, F32) * scale  # [BL, M]
+        sc = tl.where(rc > 0, sc, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sc, axis=0))
+        alpha = tl.exp(m - m_new)
+        pr = tl.exp(sc - m_new[None, :]) * rc
+        l = l * alpha + tl.sum(pr, axis=0)
+        acc = acc * alpha[None, :] + _dot(tl.trans(kv), pr.to(kv.dtype), F32)
+        m = m_new
     return m, l, acc
 
 
