@@ -78,7 +78,9 @@ _CAPS = {
                          "one program per (token, head block, chunk); chunks merged in order; "
                          "default mode from 4 waves of (token, head block) programs: one program "
                          "over all chunks, no merge; from 256 queries reading each packed row 4 "
-                         "times on average: the packed caches decoded once, whole"),
+                         "times on average: the packed caches decoded once, whole; with "
+                         "SHUILI_SPARSE_GROUP_MIN_TOKENS (off by default), 4 neighbouring tokens a "
+                         "program over the columns they share"),
     "indexer_topk": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),
                      L.batch_invariant, L.batch_invariant, "per-token scores, exact top-k"),
     "indexer_select": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),

@@ -38,8 +38,10 @@ from shuili.platforms.nvidia.common import cdiv, pow2
 NEG = tl.constexpr(-1e30)  # finite start of the running max (attention.py's)
 TOKENS = 4  # tokens a program: TOKENS x BH (16) = 64 rows, one warpgroup MMA
 # from this many query tokens (a prefill; the path must also be the direct one): below it the
-# direct path's per-token programs fill the GPU well enough and the columns kernel is not paid
-MIN_TOKENS = int(os.environ.get("SHUILI_SPARSE_GROUP_MIN_TOKENS", "1024"))
+# direct path's per-token programs fill the GPU well enough and the columns kernel is not paid.
+# 0 turns the path off, the default until a GPU has timed it (benchmarks/nvidia_sparse_prefill.py):
+# no GPU was lent to the session that wrote it. 1024 is the value it was written for.
+MIN_TOKENS = int(os.environ.get("SHUILI_SPARSE_GROUP_MIN_TOKENS", "0"))
 BL = 32  # columns a step
 NUM_WARPS = 8
 NUM_STAGES = 2
@@ -186,7 +188,7 @@ def _group_kernel(q_ptr, sink_ptr, o_ptr, scale, T, H, s_qt, s_qh, s_ot, s_oh,
 def applies(t: int, q: torch.Tensor, indices, fmts, direct: bool) -> bool:
     """Host-known shapes only: the direct path's sizes, from MIN_TOKENS tokens, q in DTYPES, unpacked
     rows (attention._decode_once's, at these sizes) and at most three caches, none of them empty."""
-    return (direct and t >= MIN_TOKENS and q.dtype in DTYPES and len(indices) <= 3
+    return (direct and 0 < MIN_TOKENS <= t and q.dtype in DTYPES and len(indices) <= 3
             and all(f == "none" for f in fmts) and all(i.shape[1] > 0 for i in indices))
 
 
