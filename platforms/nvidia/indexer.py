@@ -2,6 +2,8 @@
 (paged, plain or MXFP4), then an exact top-k on (score desc, entry id asc) in one program a row."""
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -9,48 +11,115 @@ import triton.language as tl
 from shuili.platforms.nvidia.common import cdiv, desc_key, pow2
 from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, load_packed_rows
 
+# Default mode from GROUP_MIN_TOKENS query tokens (a prefill): GROUP_TOKENS consecutive tokens a score
+# program, so neighbours of one sequence load each key once between them (one token a program read
+# every key once per query: the 4k prefill's score took 1.85 ms, about 27% of its FLOP floor) and
+# multiply it in one [GROUP_TOKENS x heads, keys] product. The head sum then reduces another shape,
+# so a token's scores may differ in the last bits from one token a program: batch-invariant mode
+# and smaller batches keep one token a program. 0 turns the groups off, the default until a GPU has
+# timed them (benchmarks/nvidia_sparse_prefill.py): no GPU was lent to the session that wrote them.
+# 512 is the value they were written for
+GROUP_TOKENS = 4
+GROUP_MIN_TOKENS = int(os.environ.get("SHUILI_INDEXER_GROUP_MIN_TOKENS", "0"))
+
 
 @triton.jit
-def _score_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, H, ratio, E_MAX, s_qt,
-                  s_qh, s_bt, ROW, RA: tl.constexpr, BS: tl.constexpr, DK: tl.constexpr, DKP: tl.constexpr,
-                  HP: tl.constexpr, BE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr):
-    """Scores of BE keys for one token (packed keys decoded by quant.load_packed_rows, the faster
-    decode here: see its docstring)."""
-    t = tl.program_id(0).to(tl.int64)
-    e = tl.program_id(1) * BE + tl.arange(0, BE)
+def _score_token(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, t, e, H, ratio, E_MAX, s_qt, s_qh, s_bt,
+                 ROW, RA: tl.constexpr, BS: tl.constexpr, DK: tl.constexpr, DKP: tl.constexpr, HP: tl.constexpr,
+                 BE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr):
+    """Scores of the keys e [BE] for token t (packed keys decoded by quant.load_packed_rows, the
+    faster decode here: see its docstring)."""
     b = tl.load(seq_ptr + t)
     nvis = (tl.load(pos_ptr + t) + 1) // ratio
-    if tl.program_id(1) * BE >= nvis:  # past this token's visible keys (the grid spans the longest table)
+    if tl.min(e, 0) >= nvis:  # past this token's visible keys (the grid spans the longest table)
         tl.store(out_ptr + t * E_MAX + e, tl.full([BE], float("-inf"), tl.float32), mask=e < E_MAX)
-        return
-    eok = e < nvis
-    h = tl.arange(0, HP)
-    hok = h < H
+    else:
+        eok = e < nvis
+        h = tl.arange(0, HP)
+        hok = h < H
+        at = _key_rows(k_ptr, bt_ptr, b, e, eok, s_bt, ROW, RA, BS)
+        d = tl.arange(0, DKP)
+        dok = d < DK
+        q = tl.load(q_ptr + t * s_qt + h[:, None] * s_qh + d[None, :], mask=hok[:, None] & dok[None, :],
+                    other=0.0)
+        keys = _keys(at, eok, d, dok, DK, FMT).to(q.dtype)
+        dots = _dot(q, tl.trans(keys), F32)
+        w = tl.load(w_ptr + t * H + h, mask=hok, other=0.0)
+        score = tl.sum(w[:, None] * tl.maximum(dots, 0.0), axis=0)
+        tl.store(out_ptr + t * E_MAX + e, tl.where(eok, score, float("-inf")), mask=e < E_MAX)
+
+
+@triton.jit
+def _key_rows(k_ptr, bt_ptr, b, e, eok, s_bt, ROW, RA: tl.constexpr, BS: tl.constexpr):
+    """Byte (or element) addresses [BE] of sequence b's compressed keys e in the paged cache."""
     page = tl.load(bt_ptr + b * s_bt + e // BS, mask=eok, other=0)
     slot = page.to(tl.int64) * BS + e % BS
     # RA: the largest power of two (<= 16) dividing ROW, so what each row's bytes may be loaded as.
     # Stated, since Triton 3.6 derives more from page (other=0) and e % BS: it vectorized the row
     # loads by 8-16 bytes on 17- to 68-byte rows, a misaligned address on the GPU.
-    at = k_ptr + tl.multiple_of(slot * ROW, RA)
-    d = tl.arange(0, DKP)
-    dok = d < DK
-    q = tl.load(q_ptr + t * s_qt + h[:, None] * s_qh + d[None, :], mask=hok[:, None] & dok[None, :],
-                other=0.0)
+    return k_ptr + tl.multiple_of(slot * ROW, RA)
+
+
+@triton.jit
+def _keys(at, eok, d, dok, DK: tl.constexpr, FMT: tl.constexpr):
     if FMT == 0:
         keys = tl.load(at[:, None] + d[None, :], mask=eok[:, None] & dok[None, :], other=0.0)
     else:
         keys = load_packed_rows(at, eok, d, DK, FMT)
-    keys = keys.to(q.dtype)
+    return keys
+
+
+@triton.jit
+def _dot(a, b, F32: tl.constexpr):
     if F32:
-        dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _score_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, T, H, ratio, E_MAX, s_qt,
+                  s_qh, s_bt, ROW, RA: tl.constexpr, BS: tl.constexpr, DK: tl.constexpr, DKP: tl.constexpr,
+                  HP: tl.constexpr, BE: tl.constexpr, FMT: tl.constexpr, F32: tl.constexpr, TOK: tl.constexpr):
+    """Scores of BE keys (program_id(1)) for TOK consecutive tokens (program_id(0)). TOK 1: the token
+    alone (_score_token). TOK > 1, where the tokens are of one sequence (a prefill's neighbours):
+    its keys load once for all of them, one [TOK * HP, BE] product; else each token alone."""
+    e = tl.program_id(1) * BE + tl.arange(0, BE)
+    if TOK == 1:
+        _score_token(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, tl.program_id(0).to(tl.int64), e, H,
+                     ratio, E_MAX, s_qt, s_qh, s_bt, ROW, RA, BS, DK, DKP, HP, BE, FMT, F32)
     else:
-        dots = tl.dot(q, tl.trans(keys))
-    w = tl.load(w_ptr + t * H + h, mask=hok, other=0.0)
-    score = tl.sum(w[:, None] * tl.maximum(dots, 0.0), axis=0)
-    tl.store(out_ptr + t * E_MAX + e, tl.where(eok, score, float("-inf")), mask=e < E_MAX)
+        t0 = tl.program_id(0).to(tl.int64) * TOK
+        tt = t0 + tl.arange(0, TOK)
+        tok_ok = tt < T
+        b0 = tl.load(seq_ptr + t0)
+        b = tl.load(seq_ptr + tt, mask=tok_ok, other=b0)
+        nvis = (tl.load(pos_ptr + tt, mask=tok_ok, other=-1) + 1) // ratio  # [TOK]
+        if (tl.min(b, 0) == tl.max(b, 0)) & (tl.min(e, 0) < tl.max(nvis, 0)):
+            eok = e < tl.max(nvis, 0)
+            at = _key_rows(k_ptr, bt_ptr, b0, e, eok, s_bt, ROW, RA, BS)
+            d = tl.arange(0, DKP)
+            dok = d < DK
+            M: tl.constexpr = TOK * HP
+            r = tl.arange(0, M)
+            tr = t0 + r // HP
+            h = r % HP
+            rok = (tr < T) & (h < H)
+            q = tl.load(q_ptr + tr[:, None] * s_qt + h[:, None] * s_qh + d[None, :],
+                        mask=rok[:, None] & dok[None, :], other=0.0)
+            keys = _keys(at, eok, d, dok, DK, FMT).to(q.dtype)
+            dots = _dot(q, tl.trans(keys), F32)  # [M, BE]
+            w = tl.load(w_ptr + tr * H + h, mask=rok, other=0.0)
+            score = tl.sum(tl.reshape(w[:, None] * tl.maximum(dots, 0.0), (TOK, HP, BE)), axis=1)
+            score = tl.where(e[None, :] < nvis[:, None], score, float("-inf"))
+            tl.store(out_ptr + tt[:, None] * E_MAX + e[None, :], score, mask=tok_ok[:, None] & (e < E_MAX)[None, :])
+        else:
+            for i in tl.static_range(TOK):
+                if t0 + i < T:
+                    _score_token(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, t0 + i, e, H, ratio, E_MAX,
+                                 s_qt, s_qh, s_bt, ROW, RA, BS, DK, DKP, HP, BE, FMT, F32)
 
 
-def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format):
+def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format, batch_invariant=False):
     """float32 [T, E_MAX] scores, -inf past each query's visible entries (E_MAX = the table's width)."""
     t, h, dk = q.shape
     nb, bs = k_cache.shape[:2]
@@ -64,11 +133,13 @@ def _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio
     seq = torch.searchsorted(qsl[1:].contiguous(), torch.arange(t, device=q.device), right=True)
     be = 64
     q = q.contiguous()
-    _score_kernel[(t, cdiv(e_max, be))](
+    tok = GROUP_TOKENS if not batch_invariant and 0 < GROUP_MIN_TOKENS <= t else 1
+    _score_kernel[(cdiv(t, tok), cdiv(e_max, be))](
         q, weights.float().contiguous(), rows, block_tables.to(torch.int32).contiguous(), seq,
-        positions.to(torch.int64).contiguous(), scores, h, int(ratio), e_max, q.stride(0), q.stride(1),
+        positions.to(torch.int64).contiguous(), scores, t, h, int(ratio), e_max, q.stride(0), q.stride(1),
         block_tables.shape[1], row, RA=min(16, row & -row), BS=bs, DK=dk, DKP=pow2(dk, 16),
-        HP=pow2(h, 16), BE=be, FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32)
+        HP=pow2(h, 16), BE=be, FMT=FORMAT_ID[k_format], F32=q.dtype == torch.float32, TOK=tok,
+        num_warps=4 if tok == 1 else 8)
     return scores
 
 
@@ -161,20 +232,23 @@ def _top(scores: torch.Tensor, k: int, width: int) -> torch.Tensor:
 
 
 def indexer_topk(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, topk,
-                 k_format="none"):
+                 k_format="none", *, batch_invariant: bool = False):
     if ratio <= 0 or topk <= 0:
         raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
-    scores = _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format)
+    scores = _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format,
+                     batch_invariant)
     return _top(scores, topk, topk)
 
 
 def indexer_select(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, topk,
-                   k_format="none", candidates=None, candidate_topk=0, candidate_block_size=1):
+                   k_format="none", candidates=None, candidate_topk=0, candidate_block_size=1, *,
+                   batch_invariant: bool = False):
     """The V4.1 levels in torch on the kernel's scores: candidate-pool mask, block max with the
     newest block pinned, and exact top-k on (score desc, id asc) keys for both."""
     if ratio <= 0 or topk <= 0:
         raise ValueError(f"ratio ({ratio}) and topk ({topk}) must be positive")
-    scores = _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format)
+    scores = _scores(q, weights, k_cache, block_tables, query_start_loc, positions, ratio, k_format,
+                     batch_invariant)
     t, n = scores.shape
     S = candidate_block_size
     blk = torch.arange(n, device=q.device) // S

@@ -17,6 +17,8 @@ MODE_OPS = {
     "paged_attention": attention.paged_attention,
     "hc_mix": mhc.hc_mix,
     "sparse_attention": attention.sparse_attention,
+    "indexer_topk": indexer.indexer_topk,
+    "indexer_select": indexer.indexer_select,
 }
 
 PLAIN_OPS = {
@@ -38,8 +40,6 @@ PLAIN_OPS = {
     "kv_write": misc.kv_write,
     "paged_slots": misc.paged_slots,
     "compress_pool": compress.compress_pool,
-    "indexer_topk": indexer.indexer_topk,
-    "indexer_select": indexer.indexer_select,
     "log_softmax": sampling.log_softmax,
     "apply_penalties": sampling.apply_penalties,
     "sample": sampling.sample,

@@ -26,6 +26,9 @@ _WEIGHTS = (DtypeSupport(name="dense"), DtypeSupport(name="fp8_block128"), Dtype
 _KV = (DtypeSupport(name="mxfp8"), DtypeSupport(name="fp4_e4m3", support="emulated"),
        DtypeSupport(name="mxfp4", support="emulated"))
 _KV_READ = (DtypeSupport(name="none"),) + _KV
+# indexer.GROUP_MIN_TOKENS (read here from its variable: this module imports no kernel): with the
+# grouped score on, a token's scores depend on its neighbours in the batch
+_INDEXER_DEFAULT = L.run_to_run if int(os.environ.get("SHUILI_INDEXER_GROUP_MIN_TOKENS", "0")) > 0 else L.batch_invariant
 
 # (dtypes, formats, level in default mode, level in batch-invariant mode, notes)
 _CAPS = {
@@ -82,9 +85,10 @@ _CAPS = {
                          "SHUILI_SPARSE_GROUP_MIN_TOKENS (off by default), 4 neighbouring tokens a "
                          "program over the columns they share"),
     "indexer_topk": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),
-                     L.batch_invariant, L.batch_invariant, "per-token scores, exact top-k"),
+                     _INDEXER_DEFAULT, L.batch_invariant, "per-token scores (with SHUILI_INDEXER_GROUP_MIN_TOKENS, "
+                     "off by default: 4 tokens of one sequence a program, one product), exact top-k"),
     "indexer_select": (_ACT, (DtypeSupport(name="none"), DtypeSupport(name="mxfp4", support="emulated")),
-                       L.batch_invariant, L.batch_invariant,
+                       _INDEXER_DEFAULT, L.batch_invariant,
                        "indexer_topk's score kernel; candidate mask, block max and exact top-k in torch"),
     "log_softmax": (_ACT, (), L.batch_invariant, L.batch_invariant, "one program per row"),
     "apply_penalties": (_F32, (), L.batch_invariant, L.batch_invariant, "elementwise"),

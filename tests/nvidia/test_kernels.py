@@ -635,9 +635,15 @@ def test_sparse_attention_empty_rows(device, monkeypatch, sinks, fmts):
     assert rel(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("group", [False, True])
 @pytest.mark.parametrize("dk", [64, 128])  # mxfp4 rows of 34 and 68 bytes
 @pytest.mark.parametrize("fmt", ["none", "mxfp4"])
-def test_indexer_topk_exact(device, fmt, dk):
+def test_indexer_topk_exact(device, monkeypatch, fmt, dk, group):
+    """Exact against the reference. group: indexer.GROUP_TOKENS tokens a score program (default mode
+    from GROUP_MIN_TOKENS tokens): the first group spans two sequences (each token scored alone),
+    the others share one sequence's keys, the last is ragged."""
+    if group:
+        monkeypatch.setattr(indexer, "GROUP_MIN_TOKENS", 1)
     gen = g(60)
     b, bs, ratio, h, topk = 3, 8, 4, 4, 6
     toks = [70, 9, 33]
