@@ -2,7 +2,7 @@
 # One device call on the H200: environment, GPU kernel tests, conformance, end to end, kernel roofline.
 #   STAGES="env e2e kernels confbi tests" bash benchmarks/run_h200.sh     (stages run in the order given)
 #   stages not in the default list: conf confcli relock serve spec kvtiers v41conf v41tput tp1 v41graphs qgemm cpudigest
-#   cpusuite
+#   cpusuite prefillab
 # Logs and JSON go to $OUT (or ./h200_out); each stage has a timeout (T_<STAGE> seconds).
 set -u
 OUT=${OUT:-$PWD/h200_out}
@@ -74,6 +74,19 @@ confops_() {  # op-level conformance of the ops in OPS (default + batch-invarian
   timeout ${T_CONFOPS:-200} python3 -m shuili -v conformance run --platform nvidia --no-engine --batch-invariant \
       --cases ${CASES:-3} $ops --out "$OUT/conf_ops_bi" > "$OUT/conf_ops_bi.txt" 2>&1; echo "rc=$?" >> "$OUT/conf_ops_bi.txt"
   grep -E "conformance of|FAIL|ERROR|rc=" "$OUT/conf_ops_bi.txt" | tail -8
+}
+prefillab_() {  # issue 20's prefill paths that no GPU has timed yet: the sparse and indexer groups (off by default)
+  # against the paths before them, the dense MoE's row/column tiles at the 4k prefill's 8,192 tokens, then the 4k
+  # prefill with the defaults and with all three on (the fastest MoE configuration of the sweep)
+  timeout ${T_SPF:-120} python3 benchmarks/nvidia_sparse_prefill.py --json "$OUT/sparse_prefill.json" 2>&1 \
+      | tee "$OUT/sparse_prefill.txt" | tail -6
+  timeout ${T_MOED:-150} python3 benchmarks/nvidia_qgemm.py --moe-dense-configs 8192 2>&1 | tee "$OUT/moe_dense.txt" | tail -10
+  local best; best=$(grep -o "SHUILI_NVIDIA_DENSE_MOE_BM=.*" "$OUT/moe_dense.txt" | tail -1)
+  timeout ${T_PF:-120} python3 benchmarks/nvidia_prefill.py --formats bf16,released --json "$OUT/prefill_defaults.json" \
+      2>&1 | tee "$OUT/prefill_defaults.txt" | grep "^prefill"
+  env SHUILI_SPARSE_GROUP_MIN_TOKENS=1024 SHUILI_INDEXER_GROUP_MIN_TOKENS=512 $best timeout ${T_PF:-120} \
+      python3 benchmarks/nvidia_prefill.py --formats bf16,released --json "$OUT/prefill_on.json" 2>&1 \
+      | tee "$OUT/prefill_on.txt" | grep "^prefill"; echo "on: groups, $best"
 }
 serve_() {  # shuili serve with mid-v4 on nvidia under serve_load.py's Poisson clients (docs/serving.md)
   local cfg='{"tokens_per_block": 128, "kv_cache_bytes": 17179869184}'  # 16 GiB: window state for 64 sequences
