@@ -48,6 +48,11 @@ NUM_STAGES = 2
 # q's dtypes: float32 would double the registers of q and of the products' operands (the interpreter's
 # tests add it: it has no bf16)
 DTYPES = (torch.bfloat16, torch.float16)
+# columns a group's index rows may take (TOKENS x the index width as a power of two): the columns
+# kernel holds them in registers, and compiled for sm_90 (Triton 3.6, 4 warps) it fits 2,048 (168
+# registers) and spills at 4,096. V4's window (128) and CSA top-k (512) fit, and HCA's ctx/128 up to
+# 64k positions; wider index rows keep the direct path
+MAX_COLUMNS = 2048
 
 
 @triton.jit
@@ -187,9 +192,11 @@ def _group_kernel(q_ptr, sink_ptr, o_ptr, scale, T, H, s_qt, s_qh, s_ot, s_oh,
 
 def applies(t: int, q: torch.Tensor, indices, fmts, direct: bool) -> bool:
     """Host-known shapes only: the direct path's sizes, from MIN_TOKENS tokens, q in DTYPES, unpacked
-    rows (attention._decode_once's, at these sizes) and at most three caches, none of them empty."""
+    rows (attention._decode_once's, at these sizes) and at most three caches, none of them empty and
+    none wider than MAX_COLUMNS columns a group."""
     return (direct and 0 < MIN_TOKENS <= t and q.dtype in DTYPES and len(indices) <= 3
-            and all(f == "none" for f in fmts) and all(i.shape[1] > 0 for i in indices))
+            and all(f == "none" for f in fmts)
+            and all(0 < i.shape[1] and TOKENS * pow2(i.shape[1]) <= MAX_COLUMNS for i in indices))
 
 
 def sparse_attention(q, rows, indices, scale, sinks, bh: int) -> torch.Tensor:

@@ -548,6 +548,24 @@ def test_sparse_attention_groups(device, monkeypatch, dtype, ncache):
     assert len(calls) == 6
 
 
+def test_sparse_group_applies(monkeypatch):
+    """sparse_group's host-side gate: on only with MIN_TOKENS set and reached, on the direct path, with
+    q in DTYPES, unpacked rows, at most three caches, none empty or wider than MAX_COLUMNS a group."""
+    q = torch.zeros(8, 2, 4, dtype=torch.bfloat16)
+    idx = lambda *ls: [torch.zeros(8, n, dtype=torch.int32) for n in ls]  # noqa: E731
+    none = lambda n: ["none"] * n  # noqa: E731
+    monkeypatch.setattr(sparse_group, "MIN_TOKENS", 0)
+    assert not sparse_group.applies(8, q, idx(128, 512), none(2), True)
+    monkeypatch.setattr(sparse_group, "MIN_TOKENS", 8)
+    assert sparse_group.applies(8, q, idx(128, 512), none(2), True)
+    assert sparse_group.applies(8, q, idx(128, 300, 3), none(3), True)
+    for t, qq, ix, fm, direct in ((7, q, idx(128), none(1), True), (8, q, idx(128), none(1), False),
+                                  (8, q.float(), idx(128), none(1), True), (8, q, idx(128, 513), none(2), True),
+                                  (8, q, idx(128, 0), none(2), True), (8, q, idx(1, 1, 1, 1), none(4), True),
+                                  (8, q, idx(128, 512), ["none", "mxfp8"], True)):
+        assert not sparse_group.applies(t, qq, ix, fm, direct), (t, qq.dtype, [i.shape for i in ix], fm, direct)
+
+
 def test_sparse_group_columns(device):
     """_columns_kernel's columns and counts: a dense slot range with each token's count of each slot
     (a slot listed twice counts 2), and a group whose slots spread wider than its entries taking its
