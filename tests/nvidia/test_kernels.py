@@ -568,8 +568,9 @@ def test_sparse_group_applies(monkeypatch):
 
 def test_sparse_group_columns(device):
     """_columns_kernel's columns and counts: a dense slot range with each token's count of each slot
-    (a slot listed twice counts 2), and a group whose slots spread wider than its entries taking its
-    rows one after the other, each token counting its own valid columns once."""
+    (a slot listed twice counts 2), and a group whose slots spread wider than its entries, or whose
+    counts would overflow a uint8, taking its rows one after the other, each token counting its own
+    valid columns once."""
     idx = torch.tensor([[4, 5, 6, -1], [5, 6, 7, 7], [6, 7, 8, -1], [-1, -1, -1, -1],
                         [0, 90, -1, -1], [3, -1, -1, -1]], dtype=torch.int32, device=device)
     tok, lp = sparse_group.TOKENS, 4
@@ -586,6 +587,12 @@ def test_sparse_group_columns(device):
     own = torch.zeros(2, w, dtype=torch.uint8)
     own[0, :2] = own[1, lp] = 1
     assert torch.equal(cnt[4:].cpu(), own)
+    # a slot listed 256 times by one row would overflow its uint8 count: the rows one after the other
+    idx = torch.full((1, 260), 5, dtype=torch.int32, device=device)
+    cols = torch.empty(1, tok * 512, dtype=torch.int32, device=device)
+    cnt = torch.empty(1, tok * 512, dtype=torch.uint8, device=device)
+    sparse_group._columns_kernel[(1,)](idx, cols, cnt, ncols, 1, 260, TOK=tok, LP=512)
+    assert ncols[0] == 260 and (cols[0, :260] == 5).all() and (cnt[0, :260] == 1).all() and cnt[0, 260:].sum() == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
