@@ -8,7 +8,7 @@ from shuili.conformance.engine_check import MODEL_TOLERANCE
 from shuili.conformance.workloads import get
 from shuili.core.models.deepseek_v4 import build
 from shuili.hal.ops import OP_NAMES, DispatchTable
-from shuili.platforms.nvidia import gemm, qgemm
+from shuili.platforms.nvidia import attention, gemm, indexer, qgemm, sparse_group
 from shuili.platforms.nvidia.ops import make_ops
 from shuili.platforms.reference.ops import OPS as REF
 
@@ -48,3 +48,25 @@ def test_tiny_v4_prefill_path_matches_the_reference_model(device, monkeypatch):
     monkeypatch.setattr(gemm, "DENSE_MIN_ROWS", 1)
     _check(device, batch_invariant=False)
     assert seen and set(seen) == {"dense"}
+
+
+def test_tiny_v4_grouped_prefill_paths_match_the_reference_model(device, monkeypatch):
+    """Default mode with the opt-in prefill paths on at one token (float32 let in: the interpreter has
+    no bf16): sparse attention over four neighbouring tokens a program (sparse_group) and the
+    indexer's score over four tokens of one sequence, inside a whole forward (the window's paged
+    slots, the CSA top-k's and HCA's entries), within the same tolerance."""
+    monkeypatch.setattr(attention, "DIRECT_WAVES", 0)
+    monkeypatch.setattr(sparse_group, "MIN_TOKENS", 1)
+    monkeypatch.setattr(sparse_group, "DTYPES", (torch.float32, torch.bfloat16))
+    monkeypatch.setattr(indexer, "GROUP_MIN_TOKENS", 1)
+    groups, run = [], sparse_group.sparse_attention
+    monkeypatch.setattr(sparse_group, "sparse_attention", lambda *a: groups.append(len(a[1])) or run(*a))
+    toks, kernel = [], indexer._score_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: toks.append(kw["TOK"]) or kernel[grid](*a, **kw)
+
+    monkeypatch.setattr(indexer, "_score_kernel", Spy())
+    _check(device, batch_invariant=False)
+    assert set(groups) == {1, 2} and set(toks) == {indexer.GROUP_TOKENS}
