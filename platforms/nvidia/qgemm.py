@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.tools.tensor_descriptor import TensorDescriptor
+
 from shuili.hal.types import Weight
 from shuili.platforms.nvidia.common import as_u8, cdiv, check, in_range, interpreting, pow2
 from shuili.platforms.nvidia import splitk
@@ -84,6 +86,11 @@ if os.environ.get("SHUILI_NVIDIA_DENSE_MOE_TILES"):  # "BN,BK,warps,stages;BN,BK
 # would hold 256 float32 accumulators a thread, so 128 goes with narrower tiles
 # (benchmarks/nvidia_qgemm.py --moe-dense-configs times the pairs)
 DENSE_MOE_BM = int(os.environ.get("SHUILI_NVIDIA_DENSE_MOE_BM", str(MAX_BM)))
+# those launches' weight tiles by TMA (host-side tensor descriptors: the copy engine fetches each
+# [BN, BK] tile, where the pointer loads had every thread compute addresses and issue cp.async; the
+# gathered activation rows stay cp.async, Hopper's TMA has no row gather). The same values reach the
+# same dots. Off until a GPU has timed it: no GPU was lent to the session that wrote it
+DENSE_MOE_TMA = os.environ.get("SHUILI_NVIDIA_DENSE_MOE_TMA", "0") == "1"
 # bf16 activations decode mxfp4 weights with quant.e2m1_bf16_x8 (PTX byte permutes, bf16 multiplies) on
 # the GPU: the same bits as the float32 decode (quant.e2m1_x8), which SHUILI_NVIDIA_ASM_E2M1=0 and the
 # interpreter take. On an H100 (2026-12-06, nvidia_qgemm.py --asm-ab) the MoE at T1 1.15x, T16 1.05x,
@@ -179,17 +186,22 @@ def _dot(acc, a, al, w, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.conste
 def _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se, s_sn,
             s_sg, FMT: tl.constexpr, F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr,
             NATIVE_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-            EVEN_ODD: tl.constexpr, ASM_E2M1: tl.constexpr):
+            EVEN_ODD: tl.constexpr, ASM_E2M1: tl.constexpr, wd, c0, DESC: tl.constexpr):
     """acc + a @ W[e, cols, k0:k0+BK]^T (al: a's lo part, see _dot). EVEN_ODD (mxfp4, float32 dots):
     as ae @ W_even^T + ao @ W_odd^T, where ae, ao [BM, BK/2] are a's even and odd columns (ale, alo:
-    al's)."""
+    al's). DESC (dense): the tile by the tensor descriptor wd over the weight as [E * N, K] rows, from
+    row e * N + c0 (c0 = cols' first); rows past the expert's N are another expert's or zeros, in
+    columns never stored, and K past the weight's end loads as zeros."""
     wt = a.dtype
     if HILO:
         wt = tl.bfloat16
     if FMT == 0:  # dense (dequant.dense's copy at many rows): the tile as it lies
-        kk = k0 + tl.arange(0, BK)
-        wok = cok[:, None] & (kk < k_hi)[None, :]
-        w = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=wok, other=0.0)
+        if DESC:
+            w = wd.load([(e * (s_we // s_wn) + c0).to(tl.int32), k0])
+        else:
+            kk = k0 + tl.arange(0, BK)
+            wok = cok[:, None] & (kk < k_hi)[None, :]
+            w = tl.load(w_ptr + e * s_we + cols[:, None] * s_wn + kk[None, :], mask=wok, other=0.0)
         out = _dot(acc, a, al, w.to(wt), F32, HILO, PLANES)
     elif FMT == 1:
         kk = k0 + tl.arange(0, BK)
@@ -222,7 +234,8 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr,
                   F32: tl.constexpr, HILO: tl.constexpr, PLANES: tl.constexpr, NATIVE_FP8: tl.constexpr,
                   ASM_E2M1: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, DIAG: tl.constexpr = False, BF16_EVEN_ODD: tl.constexpr = False):
+                  BK: tl.constexpr, DIAG: tl.constexpr = False, BF16_EVEN_ODD: tl.constexpr = False, wd=None,
+                  DESC: tl.constexpr = False):
     """y[rows, cols] = x[rows] @ W[e, cols]^T over K chunk program_id(2).
     GROUPED: program_id(0) indexes the tile map (group, first row, end row; group -1 = unused).
     DIAG (with GROUPED, no tile map): block diagonal, M rows in every group; program_id(0) is
@@ -231,7 +244,8 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
     X_IDX: row r reads x[xi[r] // TOPK]. SWIGLU: N is I; also computes columns cols + UP and stores
     silu(min(g, limit)) * clamp(u, -limit, limit). Y_IDX: row r is stored, times yw[yi[r]], at row
     yi[r] of y. SPLIT > 1: float32 partials [SPLIT, M, N] into y. PLANES: float32 values travel as
-    bf16 hi and lo parts s_plane elements apart; SWIGLU stores its output so, HILO reads x so."""
+    bf16 hi and lo parts s_plane elements apart; SWIGLU stores its output so, HILO reads x so.
+    DESC (dense weights): the weight tiles come through the tensor descriptor wd (see _k_step)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if GROUPED and DIAG:
@@ -287,11 +301,12 @@ def _qgemm_kernel(x_ptr, xi_ptr, w_ptr, s_ptr, b_ptr, y_ptr, yi_ptr, yw_ptr, te_
             if HILO and PLANES:
                 ale, alo = tl.split(tl.reshape(al, (BM, BK // 2, 2)))
         acc = _k_step(acc, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols, cok, k0, k_hi, s_we, s_wn, s_se,
-                      s_sn, s_sg, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD, ASM_E2M1)
+                      s_sn, s_sg, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD, ASM_E2M1, wd,
+                      pid_n * BN, DESC)
         if SWIGLU:
             acc_u = _k_step(acc_u, a, al, ae, ao, ale, alo, w_ptr, s_ptr, e, cols + UP, cok, k0, k_hi, s_we,
                             s_wn, s_se, s_sn, s_sg, FMT, F32, HILO, PLANES, NATIVE_FP8, BM, BN, BK, EVEN_ODD,
-                            ASM_E2M1)
+                            ASM_E2M1, wd, pid_n * BN + UP, DESC)
     ok = rok[:, None] & cok[None, :]
     if SPLIT > 1:
         ps = N
@@ -388,9 +403,10 @@ def bi_split(n: int, k: int, groups: int = 1) -> tuple[int, int]:
 
 
 def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None, yw=None, swiglu=False,
-            limit=None, hilo=False, batch_invariant=False, bm=None, plane=0, tile=None, diag=False):
+            limit=None, hilo=False, batch_invariant=False, bm=None, plane=0, tile=None, diag=False, desc=False):
     """One qgemm launch (plus the ordered split-K sum where K is split). Returns y. plane > 0: the
     SwiGLU output (y) or the hi/lo input (x) is bf16 hi and lo planes that many elements apart.
+    desc: a dense grouped weight's tiles through a TMA tensor descriptor (_tma_weight), where it can.
     tile: (BN, BK, warps, stages[, maxnreg]) in place of the defaults. diag: block diagonal (x
     [M, G*K], y [M, G*N]), launched as the grouped GEMM of the G*M rows regrouped by block."""
     m, k = x.shape[0], w.shape[-1]
@@ -433,6 +449,7 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
     out = y if split == 1 else torch.empty(split, m, n * groups if diag else n, dtype=torch.float32,
                                            device=x.device)
     f32 = x.dtype == torch.float32 and not hilo
+    wd = _tma_weight(data, bn, bk) if desc and w.format == "dense" and grouped and split == 1 else None
     _qgemm_kernel[(nt, cdiv(n, bn), split)](
         x, xi if xi is not None else x, data, scale, bias if bias is not None else x, out,
         yi if yi is not None else x, yw if yw is not None else x, te, t0, t1,
@@ -442,10 +459,21 @@ def _launch(x, w: Weight, y, *, bias=None, tiles=None, xi=None, topk=1, yi=None,
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None, F32=f32, HILO=hilo,
         PLANES=plane > 0, NATIVE_FP8=not interpreting(),
         ASM_E2M1=ASM_E2M1 and not interpreting(), SPLIT=split, BM=bm, BN=bn, BK=bk, DIAG=diag,
-        BF16_EVEN_ODD=MXFP4_BF16_EVEN_ODD, num_warps=warps, num_stages=stages, **regs)
+        BF16_EVEN_ODD=MXFP4_BF16_EVEN_ODD, wd=wd, DESC=wd is not None, num_warps=warps, num_stages=stages,
+        **regs)
     if split > 1:
         splitk.split_sum(out, bias, y)
     return y
+
+
+def _tma_weight(data: torch.Tensor, bn: int, bk: int):
+    """A host-side TMA descriptor over a contiguous [E, N, K] weight seen as [E * N, K] rows, [bn, bk]
+    tiles; None where TMA cannot take it (K * itemsize not a multiple of 16 bytes, an unaligned
+    base, a tile side over 256 or not a power of two)."""
+    e, n, k = data.shape
+    ok = (data.is_contiguous() and (k * data.element_size()) % 16 == 0 and data.data_ptr() % 16 == 0
+          and bn <= 256 and bk <= 256 and bn == pow2(bn) and bk == pow2(bk) and e * n < 2 ** 31)
+    return TensorDescriptor.from_tensor(data.view(e * n, k), [bn, bk]) if ok else None
 
 
 def linear(x2: torch.Tensor, w: Weight, bias, y: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
@@ -488,6 +516,7 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
         tiles_of = MOE_TILES if bm == 16 else DENSE_MOE_TILES if dense_bf16 else {}
         if dense_bf16 and bm == MAX_BM:
             bm = DENSE_MOE_BM
+    desc = not batch_invariant and w13.format == "dense" and x.dtype == torch.bfloat16 and DENSE_MOE_TMA
     order, _, tiles = moe_prep(flat, e, bm)
     tile1, tile2 = tiles_of.get("gemm1"), tiles_of.get("gemm2")
     inter = w13.shape[1] // 2
@@ -500,10 +529,10 @@ def moe_experts(x, topk_ids, topk_weights, w13: Weight, w2: Weight, swiglu_limit
     else:
         a, plane = torch.empty(t * k, inter, dtype=torch.float32, device=x.device), 0
     _launch(x.contiguous(), w13, a, tiles=tiles, xi=order, topk=k, swiglu=True, limit=swiglu_limit,
-            batch_invariant=batch_invariant, bm=bm, plane=plane, tile=tile1)
+            batch_invariant=batch_invariant, bm=bm, plane=plane, tile=tile1, desc=desc)
     parts = torch.empty(t * k, d, dtype=torch.float32, device=x.device)
     _launch(a, w2, parts, tiles=tiles, yi=order, yw=topk_weights.float().reshape(-1).contiguous(),
-            hilo=hilo, batch_invariant=batch_invariant, bm=bm, plane=plane, tile=tile2)
+            hilo=hilo, batch_invariant=batch_invariant, bm=bm, plane=plane, tile=tile2, desc=desc)
     block = min(1024, pow2(d))
     _combine_kernel[(t, cdiv(d, block))](parts, out, d, TOPK=k, BLOCK=block)
     return out

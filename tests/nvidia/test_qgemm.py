@@ -492,6 +492,18 @@ def test_dense_moe_tiles_reach_the_dense_launches(device, monkeypatch):
     monkeypatch.setattr(qgemm, "DENSE_MOE_BM", 128)
     got = qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, False)
     assert [bm for bm, _ in seen] == [128, 128] and rel(got, want) < TOL[torch.bfloat16]
+    # qgemm.DENSE_MOE_TMA: the weight tiles by tensor descriptor, the same values into the same dots;
+    # GEMM1 at 64-column tiles over 32 gate and 32 up rows an expert: the up tile runs into the next
+    # expert's rows or past the weight's end (columns never stored); GEMM2's BK 64 past its K of 32
+    descs, tma = [], qgemm._tma_weight
+    monkeypatch.setattr(qgemm, "_tma_weight", lambda *a: descs.append(a[1:]) or tma(*a))
+    monkeypatch.setattr(qgemm, "DENSE_MOE_TMA", True)
+    assert torch.equal(qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, False), got)
+    assert descs == [(64, 32), (32, 64)]
+    monkeypatch.setattr(qgemm, "DENSE_MOE_TILES", {"gemm1": (64, 32, 4, 2), "gemm2": (64, 32, 4, 2)})
+    want64 = qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, False)
+    monkeypatch.setattr(qgemm, "DENSE_MOE_TMA", False)
+    assert torch.equal(qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, False), want64)
     seen.clear()
     qgemm.moe_experts(x, ids, wts, w13, w2, 1.5, True)
     assert seen == [(qgemm.BI_GROUP_BM, None)] * 2
