@@ -9,7 +9,7 @@ over B prompts of L tokens at position 0, each sequence's rows its own part of e
   (all of them up to position 2,047): the real indexer's picks, from similar queries, overlap at
   least as much between neighbours;
 - `hca`: the window + every one of the (p + 1) / 128 compressed entries the token sees.
-Times are medians of eager calls (the columns kernel included); "diff" is the outputs' relative
+sparse_group at 4 and at 2 tokens a program (sparse_group.TOKENS). Times are medians of eager calls (the columns kernel included); "diff" is the outputs' relative
 difference between the two paths. "floor" counts the FLOPs of each token's own entries (q k and p v,
 2 x 2 x H x D a row) at the bf16 matmul rate measured in the same run: the direct path's work.
 
@@ -113,27 +113,29 @@ def main():
     t = a.batch * a.len
     q = (torch.randn(t, H, D, generator=gen) * 0.5).to(DEV, torch.bfloat16)
     sinks = torch.randn(H, generator=gen).to(DEV)
-    rows, keep = [], sparse_group.MIN_TOKENS
+    rows, keep, keep_tok = [], sparse_group.MIN_TOKENS, sparse_group.TOKENS
     for kind in ("swa", "csa", "hca"):
         kv, idx = layer_inputs(a.batch, a.len, kind, gen)
         entries = sum(int((i >= 0).sum()) for i in idx)
         floor = 4 * H * D * entries / rate
         res = {}
-        for name, min_tokens in (("direct", 1 << 62), ("groups", 1)):
-            sparse_group.MIN_TOKENS = min_tokens
+        for name, min_tokens, tokens in (("direct", 1 << 62, keep_tok), ("groups4", 1, 4), ("groups2", 1, 2)):
+            sparse_group.MIN_TOKENS, sparse_group.TOKENS = min_tokens, tokens
             try:
                 f = lambda: attention.sparse_attention(q, kv, idx, D ** -0.5, sinks, ["none"] * len(kv))  # noqa: E731
                 res[name] = (tt.do_bench(f, warmup=5, rep=50) * 1e-3, f())
             finally:
-                sparse_group.MIN_TOKENS = keep
-        diff = rel(res["groups"][1].float(), res["direct"][1].float())
+                sparse_group.MIN_TOKENS, sparse_group.TOKENS = keep, keep_tok
         row = {"kind": kind, "tokens": t, "entries": entries, "floor_us": floor * 1e6,
-               "direct_us": res["direct"][0] * 1e6, "groups_us": res["groups"][0] * 1e6, "diff": diff}
+               "direct_us": res["direct"][0] * 1e6}
+        for g in ("groups4", "groups2"):
+            row[f"{g}_us"] = res[g][0] * 1e6
+            row[f"{g}_diff"] = rel(res[g][1].float(), res["direct"][1].float())
+            print(f"sparse prefill {kind} B{a.batch} x {a.len}: direct {row['direct_us']:8.1f} us, {g} "
+                  f"{row[g + '_us']:8.1f} us ({row['direct_us'] / row[g + '_us']:4.2f}x), floor "
+                  f"{row['floor_us']:6.1f} us ({row['floor_us'] / row[g + '_us'] * 100:4.1f}% of {g}), "
+                  f"diff {row[g + '_diff']:.1e}", flush=True)
         rows.append(row)
-        print(f"sparse prefill {kind} B{a.batch} x {a.len}: direct {row['direct_us']:8.1f} us, groups "
-              f"{row['groups_us']:8.1f} us ({row['direct_us'] / row['groups_us']:4.2f}x), floor "
-              f"{row['floor_us']:6.1f} us ({row['floor_us'] / row['groups_us'] * 100:4.1f}% of groups), "
-              f"diff {diff:.1e}", flush=True)
     for fmt in ("none", "mxfp4"):
         rows.append(indexer_rows(a.batch, a.len, fmt, rate, gen))
     if a.json:

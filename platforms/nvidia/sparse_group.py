@@ -36,7 +36,9 @@ import triton.language as tl
 from shuili.platforms.nvidia.common import cdiv, pow2
 
 NEG = tl.constexpr(-1e30)  # finite start of the running max (attention.py's)
-TOKENS = 4  # tokens a program: TOKENS x BH (16) = 64 rows, one warpgroup MMA
+# tokens a program: TOKENS x BH (16) = 64 rows, one warpgroup MMA. 2 (32 rows) compiles too (159
+# registers, 66 KB of shared memory); benchmarks/nvidia_sparse_prefill.py times both
+TOKENS = int(os.environ.get("SHUILI_SPARSE_GROUP_TOKENS", "4"))
 # from this many query tokens (a prefill; the path must also be the direct one): below it the
 # direct path's per-token programs fill the GPU well enough and the columns kernel is not paid.
 # 0 turns the path off, the default until a GPU has timed it (benchmarks/nvidia_sparse_prefill.py):

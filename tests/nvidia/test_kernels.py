@@ -518,9 +518,10 @@ def grouped_case(t, d, ncache, seed=7, slots=256):
     return rnd(t, 4, d, seed=seed + 9), kv, [i.to(torch.int32) for i in idx], rnd(4, seed=seed + 10)
 
 
+@pytest.mark.parametrize("tokens", [4, 2])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ncache", [2, 3])
-def test_sparse_attention_groups(device, monkeypatch, dtype, ncache):
+def test_sparse_attention_groups(device, monkeypatch, dtype, ncache, tokens):
     """Default mode at direct sizes from sparse_group.MIN_TOKENS tokens: TOKENS tokens a program over
     the columns their rows share (dense slot ranges, or the rows one after the other where a group's
     slots spread), within tolerance of the reference, with sinks and without. A slot a row lists
@@ -528,6 +529,7 @@ def test_sparse_attention_groups(device, monkeypatch, dtype, ncache):
     a second run leave every bit unchanged; batch-invariant mode and fewer tokens keep the kernel
     before it."""
     monkeypatch.setattr(attention, "DIRECT_WAVES", 1)
+    monkeypatch.setattr(sparse_group, "TOKENS", tokens)
     monkeypatch.setattr(sparse_group, "DTYPES", (dtype,))  # float32: the interpreter has no bf16
     calls, run = [], sparse_group.sparse_attention
     monkeypatch.setattr(sparse_group, "sparse_attention", lambda *a: calls.append(1) or run(*a))
