@@ -327,7 +327,9 @@ def moe_dense_configs(t, configs=DENSE_MOE_CONFIGS):
         ref = out if ref is None else ref
         first = tm if first is None else first
         best = (tm, bm, g1, g2, tma) if best is None or tm < best[0] else best
-        same = "" if not tma else f", {'same bits as' if torch.equal(out, outs[bm, g1, g2]) else 'OTHER BITS than'} pointer loads"
+        same = ""
+        if tma:
+            same = f", {'same bits as' if torch.equal(out, outs[bm, g1, g2]) else 'OTHER BITS than'} pointer loads"
         outs.setdefault((bm, g1, g2), out)
         print(f"moe-dense T{t} BM{bm} gemm1 {g1} gemm2 {g2}{' TMA' if tma else ''}: {tm * 1e6:8.1f} us, "
               f"{flops / tm / 1e12:6.1f} TFLOP/s, {first / tm:5.2f}x, rel err vs first {rel(out, ref):.1e}{same}",

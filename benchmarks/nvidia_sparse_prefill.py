@@ -9,9 +9,10 @@ over B prompts of L tokens at position 0, each sequence's rows its own part of e
   (all of them up to position 2,047): the real indexer's picks, from similar queries, overlap at
   least as much between neighbours;
 - `hca`: the window + every one of the (p + 1) / 128 compressed entries the token sees.
-sparse_group at 4 and at 2 tokens a program (sparse_group.TOKENS). Times are medians of eager calls (the columns kernel included); "diff" is the outputs' relative
-difference between the two paths. "floor" counts the FLOPs of each token's own entries (q k and p v,
-2 x 2 x H x D a row) at the bf16 matmul rate measured in the same run: the direct path's work.
+sparse_group at 4 and at 2 tokens a program (sparse_group.TOKENS). Times are medians of eager calls
+(the columns kernel included); "diff" is the outputs' relative difference between the two paths.
+"floor" counts the FLOPs of each token's own entries (q k and p v, 2 x 2 x H x D a row) at the
+bf16 matmul rate measured in the same run: the direct path's work.
 
 Then the indexer of a CSA layer at the same sizes (32 heads x 128, keys plain and mxfp4, 64 a block):
 its score kernel with one token a program against indexer.GROUP_TOKENS tokens of one sequence a

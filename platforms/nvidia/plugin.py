@@ -28,7 +28,8 @@ _KV = (DtypeSupport(name="mxfp8"), DtypeSupport(name="fp4_e4m3", support="emulat
 _KV_READ = (DtypeSupport(name="none"),) + _KV
 # indexer.GROUP_MIN_TOKENS (read here from its variable: this module imports no kernel): with the
 # grouped score on, a token's scores depend on its neighbours in the batch
-_INDEXER_DEFAULT = L.run_to_run if int(os.environ.get("SHUILI_INDEXER_GROUP_MIN_TOKENS", "0")) > 0 else L.batch_invariant
+_INDEXER_GROUPS = int(os.environ.get("SHUILI_INDEXER_GROUP_MIN_TOKENS", "0")) > 0
+_INDEXER_DEFAULT = L.run_to_run if _INDEXER_GROUPS else L.batch_invariant
 
 # (dtypes, formats, level in default mode, level in batch-invariant mode, notes)
 _CAPS = {

@@ -223,5 +223,6 @@ def sparse_attention(q, rows, indices, scale, sinks, bh: int) -> torch.Tensor:
         q, sinks if sinks is not None else q, out, float(scale), t, h, q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), *flat, NC=len(rows), W0=widths[0],
         W1=widths[min(1, len(widths) - 1)], W2=widths[min(2, len(widths) - 1)], D=d, DP=pow2(d, 16),
-        TOK=TOKENS, BH=bh, BL=BL, F32=q.dtype == torch.float32, HAS_SINK=sinks is not None, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        TOK=TOKENS, BH=bh, BL=BL, F32=q.dtype == torch.float32, HAS_SINK=sinks is not None, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES)
     return out
