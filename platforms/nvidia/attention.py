@@ -25,30 +25,9 @@ import triton.language as tl
 from shuili.platforms.nvidia.common import cdiv, interpreting, num_sms, pow2
 from shuili.platforms.nvidia import dequant, quant, sparse_group
 from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, split_rows
+from shuili.platforms.nvidia.softmax import NEG, dot, finish
 
 BI_SPLIT = 1024  # kv positions per split in batch-invariant mode
-NEG = tl.constexpr(-1e30)  # finite start of the running max (see the module docstring)
-
-
-@triton.jit
-def _dot(a, b, F32: tl.constexpr, acc=None):
-    if F32:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
-
-
-@triton.jit
-def _finish(acc, m, l, sink, HAS_SINK: tl.constexpr):
-    if HAS_SINK:
-        top = tl.maximum(m, sink)
-    else:
-        top = m
-    w = tl.exp(m - top)
-    den = l * w
-    if HAS_SINK:
-        den = den + tl.exp(sink - top)
-    den2 = tl.where(den > 0, den, 1.0)
-    return tl.where(den[:, None] > 0, (acc * w[:, None]) / den2[:, None], 0.0)
 
 
 @triton.jit
@@ -95,7 +74,7 @@ def _paged_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, qsl_ptr, sink_ptr, o_ptr
         slot = page.to(tl.int64) * BS + n % BS
         kk = tl.load(k_ptr + slot[:, None] * s_ks + kvh * D + d[None, :],
                      mask=nok[:, None] & dok[None, :], other=0.0)
-        sc = _dot(q, tl.trans(kk), F32) * scale
+        sc = dot(q, tl.trans(kk), F32) * scale
         vis = (n[None, :] <= pos[:, None]) & nok[None, :]
         if window > 0:
             vis = vis & (n[None, :] > pos[:, None] - window)
@@ -106,13 +85,13 @@ def _paged_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, qsl_ptr, sink_ptr, o_ptr
         l = l * alpha + tl.sum(pr, axis=1)
         vv = tl.load(v_ptr + slot[:, None] * s_vs + kvh * D + d[None, :],
                      mask=nok[:, None] & dok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _dot(pr.to(vv.dtype), vv, F32)
+        acc = acc * alpha[:, None] + dot(pr.to(vv.dtype), vv, F32)
         m = m_new
     if DIRECT:
         sink = 0.0
         if HAS_SINK:
             sink = tl.load(sink_ptr + h, mask=rok, other=0.0)
-        o = _finish(acc, m, l, sink, HAS_SINK)
+        o = finish(acc, m, l, sink, HAS_SINK)
         tl.store(o_ptr + tok[:, None] * s_qt + h[:, None] * s_qh + d[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=rok[:, None] & dok[None, :])
     else:
@@ -315,25 +294,25 @@ def _sparse_chunk(q, qo, m, l, acc, acc_o, kv_ptr, idx_ptr, t, c, L, scale, d, d
                 ke, ko = split_rows(kv_ptr + idx.to(tl.int64) * ROW, ok, D, DP, FMT, WORDS, NATIVE)
             ke = ke.to(q.dtype)
             ko = ko.to(q.dtype)
-            sc = _dot(ko, qo, F32, _dot(ke, q, F32))
+            sc = dot(ko, qo, F32, dot(ke, q, F32))
             sc = tl.where(ok[:, None], sc * scale, float("-inf"))  # [BL, BH]
             m_new = tl.maximum(m, tl.max(sc, axis=0))
             alpha = tl.exp(m - m_new)
             pr = tl.exp(sc - m_new[None, :])
             l = l * alpha + tl.sum(pr, axis=0)
             pk = pr.to(ke.dtype)
-            acc = acc * alpha[None, :] + _dot(tl.trans(ke), pk, F32)
-            acc_o = acc_o * alpha[None, :] + _dot(tl.trans(ko), pk, F32)
+            acc = acc * alpha[None, :] + dot(tl.trans(ke), pk, F32)
+            acc_o = acc_o * alpha[None, :] + dot(tl.trans(ko), pk, F32)
         else:
             kv = tl.load(kv_ptr + idx[:, None].to(tl.int64) * ROW + d[None, :],
                          mask=ok[:, None] & dok[None, :], other=0.0).to(q.dtype)
-            sc = _dot(q, tl.trans(kv), F32) * scale  # [BH, BL]
+            sc = dot(q, tl.trans(kv), F32) * scale  # [BH, BL]
             sc = tl.where(ok[None, :], sc, float("-inf"))
             m_new = tl.maximum(m, tl.max(sc, axis=1))
             alpha = tl.exp(m - m_new)
             pr = tl.exp(sc - m_new[:, None])
             l = l * alpha + tl.sum(pr, axis=1)
-            acc = acc * alpha[:, None] + _dot(pr.to(kv.dtype), kv, F32)
+            acc = acc * alpha[:, None] + dot(pr.to(kv.dtype), kv, F32)
         m = m_new
     if not TR:
         acc_o = acc
@@ -397,12 +376,12 @@ def _sparse_kernel(q_ptr, pm_ptr, pl_ptr, pacc_ptr, sink_ptr, o_ptr, scale, H, N
         if TR:
             at = orow[None, :] + 2 * d2[:, None]
             aok = hok[None, :] & (d2 < D // 2)[:, None]
-            tl.store(at, tl.trans(_finish(tl.trans(acc), m, l, sink, HAS_SINK)).to(o_ptr.dtype.element_ty),
+            tl.store(at, tl.trans(finish(tl.trans(acc), m, l, sink, HAS_SINK)).to(o_ptr.dtype.element_ty),
                      mask=aok)
-            tl.store(at + 1, tl.trans(_finish(tl.trans(acc_o), m, l, sink, HAS_SINK)).to(o_ptr.dtype.element_ty),
+            tl.store(at + 1, tl.trans(finish(tl.trans(acc_o), m, l, sink, HAS_SINK)).to(o_ptr.dtype.element_ty),
                      mask=aok)
         else:
-            tl.store(orow[:, None] + d[None, :], _finish(acc, m, l, sink, HAS_SINK).to(o_ptr.dtype.element_ty),
+            tl.store(orow[:, None] + d[None, :], finish(acc, m, l, sink, HAS_SINK).to(o_ptr.dtype.element_ty),
                      mask=hok[:, None] & dok[None, :])
         return
     if NC == 1:

@@ -10,6 +10,7 @@ import triton.language as tl
 
 from shuili.platforms.nvidia.common import cdiv, desc_key, pow2
 from shuili.platforms.nvidia.quant import FORMAT_ID, bytes_per_row, load_packed_rows
+from shuili.platforms.nvidia.softmax import dot
 
 # Default mode from GROUP_MIN_TOKENS query tokens (a prefill): GROUP_TOKENS consecutive tokens a score
 # program, so neighbours of one sequence load each key once between them (one token a program read
@@ -43,7 +44,7 @@ def _score_token(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, t, e, H
         q = tl.load(q_ptr + t * s_qt + h[:, None] * s_qh + d[None, :], mask=hok[:, None] & dok[None, :],
                     other=0.0)
         keys = _keys(at, eok, d, dok, DK, FMT).to(q.dtype)
-        dots = _dot(q, tl.trans(keys), F32)
+        dots = dot(q, tl.trans(keys), F32)
         w = tl.load(w_ptr + t * H + h, mask=hok, other=0.0)
         score = tl.sum(w[:, None] * tl.maximum(dots, 0.0), axis=0)
         tl.store(out_ptr + t * E_MAX + e, tl.where(eok, score, float("-inf")), mask=e < E_MAX)
@@ -67,13 +68,6 @@ def _keys(at, eok, d, dok, DK: tl.constexpr, FMT: tl.constexpr):
     else:
         keys = load_packed_rows(at, eok, d, DK, FMT)
     return keys
-
-
-@triton.jit
-def _dot(a, b, F32: tl.constexpr):
-    if F32:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
 
 
 @triton.jit
@@ -107,7 +101,7 @@ def _score_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, seq_ptr, pos_ptr, out_ptr, T, H, 
             q = tl.load(q_ptr + tr[:, None] * s_qt + h[:, None] * s_qh + d[None, :],
                         mask=rok[:, None] & dok[None, :], other=0.0)
             keys = _keys(at, eok, d, dok, DK, FMT).to(q.dtype)
-            dots = _dot(q, tl.trans(keys), F32)  # [M, BE]
+            dots = dot(q, tl.trans(keys), F32)  # [M, BE]
             w = tl.load(w_ptr + tr * H + h, mask=rok, other=0.0)
             score = tl.sum(tl.reshape(w[:, None] * tl.maximum(dots, 0.0), (TOK, HP, BE)), axis=1)
             score = tl.where(e[None, :] < nvis[:, None], score, float("-inf"))

@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from shuili.platforms.nvidia.common import cdiv, pow2
+from shuili.platforms.nvidia.softmax import NEG, dot, finish
 
-NEG = tl.constexpr(-1e30)  # finite start of the running max (attention.py's)
 # tokens a program: TOKENS x BH (16) = 64 rows, one warpgroup MMA. 2 (32 rows) compiles too (159
 # registers, 66 KB of shared memory); benchmarks/nvidia_sparse_prefill.py times both
 TOKENS = int(os.environ.get("SHUILI_SPARSE_GROUP_TOKENS", "4"))
@@ -108,13 +108,6 @@ def _columns_kernel(idx_ptr, cols_ptr, cnt_ptr, ncols_ptr, T, L, TOK: tl.constex
 
 
 @triton.jit
-def _dot(a, b, F32: tl.constexpr):
-    if F32:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
-
-
-@triton.jit
 def _group_cache(qt, m, l, acc, kv_ptr, cols_ptr, cnt_ptr, ncols_ptr, g, tok, tok_ok, scale, d, dok,
                  W: tl.constexpr, ROW: tl.constexpr, TOK: tl.constexpr, BH: tl.constexpr, BL: tl.constexpr,
                  F32: tl.constexpr):
@@ -134,13 +127,13 @@ def _group_cache(qt, m, l, acc, kv_ptr, cols_ptr, cnt_ptr, ncols_ptr, g, tok, to
         kv = tl.load(kv_ptr + slot[:, None].to(tl.int64) * ROW + d[None, :],
                      mask=live[:, None] & dok[None, :], other=0.0).to(qt.dtype)  # [BL, DP]
         rc = tl.reshape(tl.broadcast_to(cnt[:, :, None], (BL, TOK, BH)), (BL, M))  # a row's token's counts
-        sc = _dot(kv, qt, F32) * scale  # [BL, M]
+        sc = dot(kv, qt, F32) * scale  # [BL, M]
         sc = tl.where(rc > 0, sc, float("-inf"))
         m_new = tl.maximum(m, tl.max(sc, axis=0))
         alpha = tl.exp(m - m_new)
         pr = tl.exp(sc - m_new[None, :]) * rc
         l = l * alpha + tl.sum(pr, axis=0)
-        acc = acc * alpha[None, :] + _dot(tl.trans(kv), pr.to(kv.dtype), F32)
+        acc = acc * alpha[None, :] + dot(tl.trans(kv), pr.to(kv.dtype), F32)
         m = m_new
     return m, l, acc
 
@@ -177,17 +170,10 @@ def _group_kernel(q_ptr, sink_ptr, o_ptr, scale, T, H, s_qt, s_qh, s_ot, s_oh,
     if NC >= 3:
         m, l, acc = _group_cache(qt, m, l, acc, kv2, c2, k2, n2, g, tok, tok_ok, scale, d, dok, W2, D, TOK, BH,
                                  BL, F32)
+    sink = 0.0
     if HAS_SINK:
         sink = tl.load(sink_ptr + h, mask=rok, other=0.0)
-        top = tl.maximum(m, sink)
-    else:
-        top = m
-    wt = tl.exp(m - top)
-    den = l * wt
-    if HAS_SINK:
-        den = den + tl.exp(sink - top)
-    den2 = tl.where(den > 0, den, 1.0)
-    o = tl.where(den[None, :] > 0, (acc * wt[None, :]) / den2[None, :], 0.0)
+    o = tl.trans(finish(tl.trans(acc), m, l, sink, HAS_SINK))  # [DP, M]
     at = t[None, :] * s_ot + h[None, :] * s_oh + d[:, None]
     tl.store(o_ptr + at, o.to(o_ptr.dtype.element_ty), mask=ok)
 
