@@ -63,6 +63,7 @@ def _key_rows(k_ptr, bt_ptr, b, e, eok, s_bt, ROW, RA: tl.constexpr, BS: tl.cons
 
 @triton.jit
 def _keys(at, eok, d, dok, DK: tl.constexpr, FMT: tl.constexpr):
+    """Keys [BE, DKP] at the row addresses at (FMT 0: plain; else packed, decoded per element)."""
     if FMT == 0:
         keys = tl.load(at[:, None] + d[None, :], mask=eok[:, None] & dok[None, :], other=0.0)
     else:

@@ -39,7 +39,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from shuili.hal.types import Weight
@@ -78,9 +77,24 @@ MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (32, 64, 4, 3), "gemm2": (128,
 # bf16 experts, 768 rows an expert): this pair 981 us against 1774 on the generic 64 x 64 x 64 tile,
 # the same outputs (BK stays 64); GEMM2 alone 1078 at BN 256, GEMM1 alone 1677
 DENSE_MOE_TILES: dict[str, tuple[int, ...]] = {"gemm1": (256, 64, 8, 3), "gemm2": (256, 64, 4, 3)}
-if os.environ.get("SHUILI_NVIDIA_DENSE_MOE_TILES"):  # "BN,BK,warps,stages;BN,BK,warps,stages": gemm1's, gemm2's
-    DENSE_MOE_TILES = dict(zip(("gemm1", "gemm2"), (tuple(int(v) for v in t.split(","))
-                                                    for t in os.environ["SHUILI_NVIDIA_DENSE_MOE_TILES"].split(";"))))
+
+
+def _tiles_env(name: str) -> dict[str, tuple[int, ...]] | None:
+    """{"gemm1": tile, "gemm2": tile} from a variable holding "BN,BK,warps,stages;BN,BK,warps,stages"."""
+    text = os.environ.get(name, "")
+    if not text:
+        return None
+    try:
+        tiles = [tuple(int(v) for v in t.split(",")) for t in text.split(";")]
+    except ValueError:
+        tiles = []
+    if len(tiles) != 2 or any(len(t) != 4 or min(t) <= 0 for t in tiles):
+        raise ValueError(f"{name}={text!r}: give GEMM1's and GEMM2's tiles as 'BN,BK,warps,stages;BN,BK,warps,"
+                         f"stages' (positive integers), e.g. '128,64,8,3;256,64,8,3', or unset it")
+    return dict(zip(("gemm1", "gemm2"), tiles))
+
+
+DENSE_MOE_TILES = _tiles_env("SHUILI_NVIDIA_DENSE_MOE_TILES") or DENSE_MOE_TILES
 # the row tile of those launches (the tile map's, so both GEMMs'), where group_bm gives MAX_BM: 128
 # rows with 48-64 KB of operands a stage fit three stages; DENSE_MOE_TILES' 256 columns at 128 rows
 # would hold 256 float32 accumulators a thread, so 128 goes with narrower tiles

@@ -511,3 +511,16 @@ def test_dense_moe_tiles_reach_the_dense_launches(device, monkeypatch):
     qgemm.moe_experts(x.float(), ids, wts, on(w13, device, torch.float32), on(w2, device, torch.float32), 1.5,
                       False)
     assert seen == [(64, None)] * 2
+
+
+def test_dense_moe_tiles_from_the_environment(monkeypatch):
+    """SHUILI_NVIDIA_DENSE_MOE_TILES gives both GEMMs' tiles; anything else is an error naming the form."""
+    name = "SHUILI_NVIDIA_DENSE_MOE_TILES"
+    monkeypatch.delenv(name, raising=False)
+    assert qgemm._tiles_env(name) is None
+    monkeypatch.setenv(name, "128,64,8,3;256,64,8,3")
+    assert qgemm._tiles_env(name) == {"gemm1": (128, 64, 8, 3), "gemm2": (256, 64, 8, 3)}
+    for bad in ("128,64,8,3", "128,64,8;256,64,8,3", "a,64,8,3;256,64,8,3", "0,64,8,3;256,64,8,3"):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match="BN,BK,warps,stages"):
+            qgemm._tiles_env(name)
