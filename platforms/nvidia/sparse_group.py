@@ -39,6 +39,8 @@ from shuili.platforms.nvidia.softmax import NEG, dot, finish
 # tokens a program: TOKENS x BH (16) = 64 rows, one warpgroup MMA. 2 (32 rows) compiles too (159
 # registers, 66 KB of shared memory); benchmarks/nvidia_sparse_prefill.py times both
 TOKENS = int(os.environ.get("SHUILI_SPARSE_GROUP_TOKENS", "4"))
+if TOKENS < 1 or TOKENS & (TOKENS - 1):
+    raise ValueError(f"SHUILI_SPARSE_GROUP_TOKENS={TOKENS}: tokens a program must be a power of two (2 or 4)")
 # from this many query tokens (a prefill; the path must also be the direct one): below it the
 # direct path's per-token programs fill the GPU well enough and the columns kernel is not paid.
 # 0 turns the path off, the default until a GPU has timed it (benchmarks/nvidia_sparse_prefill.py):
