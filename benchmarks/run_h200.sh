@@ -80,7 +80,7 @@ prefillab_() {  # issue 20's prefill paths that no GPU has timed yet: the sparse
   # prefill with the defaults and with all three on (the fastest MoE configuration of the sweep)
   timeout ${T_SPF:-120} python3 benchmarks/nvidia_sparse_prefill.py --json "$OUT/sparse_prefill.json" 2>&1 \
       | tee "$OUT/sparse_prefill.txt" | tail -6
-  timeout ${T_MOED:-150} python3 benchmarks/nvidia_qgemm.py --moe-dense-configs 8192 2>&1 | tee "$OUT/moe_dense.txt" | tail -10
+  timeout ${T_MOED:-180} python3 benchmarks/nvidia_qgemm.py --moe-dense-configs 8192 2>&1 | tee "$OUT/moe_dense.txt" | tail -10
   local best; best=$(grep -o "SHUILI_NVIDIA_DENSE_MOE_BM=.*" "$OUT/moe_dense.txt" | tail -1)
   timeout ${T_PF:-120} python3 benchmarks/nvidia_prefill.py --formats bf16,released --json "$OUT/prefill_defaults.json" \
       2>&1 | tee "$OUT/prefill_defaults.txt" | grep "^prefill"
