@@ -488,8 +488,9 @@ def sparse_attention(q, kv, indices, scale, sinks=None, kv_formats=None, *, batc
     q = q.contiguous()
     sk = sinks.float().contiguous() if sinks is not None else None
     direct = _direct(t, cdiv(h, bh), len(caches), q.device, batch_invariant)
-    if sparse_group.applies(t, q, [c[1] for c in caches], fmts, direct):
-        return sparse_group.sparse_attention(q, [c[0] for c in caches], [c[1] for c in caches], scale, sk, bh)
+    idx_rows = [c[1] for c in caches]
+    if sparse_group.applies(t, q, idx_rows, fmts, direct):
+        return sparse_group.sparse_attention(q, [c[0] for c in caches], idx_rows, scale, sk, bh, out)
     ns = 1 if direct else sum(c[3] for c in caches)
     pm, pl, pacc = (out, out, out) if direct else _partials(t, h, ns, d, q.device)
     p0 = 0

@@ -189,12 +189,11 @@ def applies(t: int, q: torch.Tensor, indices, fmts, direct: bool) -> bool:
             and all(0 < i.shape[1] and TOKENS * pow2(i.shape[1]) <= MAX_COLUMNS for i in indices))
 
 
-def sparse_attention(q, rows, indices, scale, sinks, bh: int) -> torch.Tensor:
+def sparse_attention(q, rows, indices, scale, sinks, bh: int, out: torch.Tensor) -> torch.Tensor:
     """q [T, H, D] contiguous; rows: each cache as [slots, D] in q's dtype; indices int32 [T, L_i]
-    contiguous. Returns [T, H, D]."""
+    contiguous; out [T, H, D], written and returned."""
     t, h, d = q.shape
     groups = cdiv(t, TOKENS)
-    out = torch.empty_like(q)
     args, widths = [], []
     for idx in indices:
         lp = pow2(idx.shape[1])
